@@ -1,0 +1,90 @@
+"""Command-line entry points. train.py and sample.py only call these.
+
+A BabyGPTError (a mistake the user can fix) becomes ``error: ...`` lines on
+stderr and exit status 2, with no traceback unless ``--debug`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+
+from .errors import BabyGPTError
+
+EXIT_USAGE = 2
+
+
+def run(main, argv: list[str]) -> int:
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        return main(argv) or 0
+    except BabyGPTError as e:
+        if debug:
+            traceback.print_exc()
+        for problem in e.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def train_main(argv: list[str]) -> int:
+    from .config import help_text, load_config
+    from .trainer import train
+
+    if "-h" in argv or "--help" in argv:
+        print(help_text())
+        return 0
+    cfg = load_config(argv)
+    result = train(cfg, argv)
+    print(f"done: {result['iter']} iterations, best val loss {result['best_val_loss']:.4f}; "
+          f"checkpoints in {cfg.out_dir}/ (sample: python sample.py --ckpt {cfg.out_dir}/best.pt)")
+    return 0
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is a single 'error:' line like every other user error."""
+
+    def error(self, message):
+        raise BabyGPTError(f"{message}; see python {self.prog} --help")
+
+
+def sample_main(argv: list[str]) -> int:
+    from .sampling import sample_cli
+
+    p = OneLineParser(prog="sample.py", description="Sample text from a BabyGPT checkpoint.")
+    p.add_argument("--ckpt", required=True, help="checkpoint path, e.g. out/prenorm_rms/best.pt")
+    p.add_argument("--start", default="\n", help="prompt text, or FILE:path to read it from a file")
+    p.add_argument("--num_samples", type=int, default=3, help="how many samples")
+    p.add_argument("--max_new_tokens", type=int, default=500, help="characters per sample")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; <1 sharper, >1 flatter")
+    p.add_argument("--top_k", type=int, default=None, help="sample only among the k likeliest characters")
+    p.add_argument("--seed", type=int, default=1337, help="random seed")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    p.add_argument("--debug", action="store_true", help="show a traceback on errors")
+    return sample_cli(p.parse_args(argv))
+
+
+def prepare_main(argv: list[str], data_dir: str) -> int:
+    from .data import prepare
+
+    p = OneLineParser(prog="prepare.py", description="Write train.bin, val.bin and meta.json.")
+    p.add_argument("--input", default=None, help="a UTF-8 text file to use instead of TinyShakespeare")
+    p.add_argument("--debug", action="store_true", help="show a traceback on errors")
+    args = p.parse_args(argv)
+    meta = prepare(data_dir, args.input)
+    print(f"vocab {meta['vocab_size']}, {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens "
+          f"written to {data_dir}")
+    return 0
+
+
+def main_prepare(data_dir: str) -> None:
+    sys.exit(run(lambda argv: prepare_main(argv, data_dir), sys.argv[1:]))
+
+
+def main_train() -> None:
+    sys.exit(run(train_main, sys.argv[1:]))
+
+
+def main_sample() -> None:
+    sys.exit(run(sample_main, sys.argv[1:]))

@@ -1,0 +1,207 @@
+"""TinyShakespeare as character ids: preparation, a tokenizer and a batch sampler.
+
+``prepare`` turns ``input.txt`` into ``train.bin`` / ``val.bin`` (uint16 ids, the
+first 90% / last 10% of the text) and ``meta.json`` (the vocabulary). Training
+reads the .bin files through ``np.memmap``, so a batch costs one vectorised
+gather, never a Python loop over rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import urllib.request
+
+import numpy as np
+import torch
+
+from .errors import BabyGPTError
+from .files import atomic_open
+
+TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+TINYSHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+TRAIN_FRACTION = 0.9
+META_FORMAT = "babygpt-char-v1"
+
+
+class CharTokenizer:
+    """Maps each character of a fixed vocabulary to its index in that vocabulary."""
+
+    def __init__(self, chars: list[str]):
+        self.chars = list(chars)
+        self.stoi = {c: i for i, c in enumerate(self.chars)}
+
+    @classmethod
+    def from_text(cls, text: str) -> "CharTokenizer":
+        return cls(sorted(set(text)))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        unknown = sorted(set(text) - self.stoi.keys())
+        if unknown:
+            shown = ", ".join(repr(c) for c in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
+            raise BabyGPTError(f"{len(unknown)} character(s) not in the model's vocabulary: {shown}; "
+                               f"remove them from the prompt")
+        return [self.stoi[c] for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+
+def sha256_of(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    with atomic_open(path) as f:
+        f.write(data)
+
+
+def _download(path: str) -> None:
+    how = (f"download {TINYSHAKESPEARE_URL} by hand and save it as {path} "
+           f"(or pass --input PATH to prepare.py)")
+    try:
+        with urllib.request.urlopen(TINYSHAKESPEARE_URL, timeout=30) as r:
+            data = r.read()
+    except OSError as e:
+        raise BabyGPTError(f"could not download TinyShakespeare ({e}); {how}") from None
+    if hashlib.sha256(data).hexdigest() != TINYSHAKESPEARE_SHA256:
+        raise BabyGPTError(f"the downloaded TinyShakespeare has the wrong sha256; {how}")
+    write_atomic(path, data)
+
+
+def read_corpus(data_dir: str, input_path: str | None = None) -> str:
+    """The training text: ``input_path`` if given (any UTF-8 file), else
+    ``data_dir/input.txt``, downloaded first if missing and checked against the
+    known sha256 so that a truncated or altered copy cannot slip through."""
+    if input_path is None:
+        input_path = os.path.join(data_dir, "input.txt")
+        if not os.path.exists(input_path):
+            os.makedirs(data_dir, exist_ok=True)
+            print(f"downloading TinyShakespeare to {input_path}")
+            _download(input_path)
+        elif sha256_of(input_path) != TINYSHAKESPEARE_SHA256:
+            raise BabyGPTError(
+                f"{input_path} is not the TinyShakespeare file (sha256 differs: truncated or altered); "
+                f"delete it to download it again, or use your own corpus with prepare.py --input PATH")
+    elif not os.path.isfile(input_path):
+        raise BabyGPTError(f"input file '{input_path}' not found; check the path")
+    with open(input_path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BabyGPTError(f"{input_path} is not UTF-8 text (bad byte at offset {e.start}); "
+                           f"convert it to UTF-8") from None
+    return text
+
+
+def prepare(data_dir: str, input_path: str | None = None) -> dict:
+    """Write train.bin, val.bin and meta.json into ``data_dir``; return the meta dict."""
+    text = read_corpus(data_dir, input_path)
+    tok = CharTokenizer.from_text(text)
+    if tok.vocab_size > np.iinfo(np.uint16).max + 1:
+        raise BabyGPTError(f"the corpus has {tok.vocab_size} distinct characters; uint16 ids allow 65536")
+    ids = np.array(tok.encode(text), dtype=np.uint16)
+    n_train = int(len(ids) * TRAIN_FRACTION)
+    if n_train < 2 or len(ids) - n_train < 2:
+        raise BabyGPTError(f"the corpus has only {len(ids)} characters; use a longer text")
+    os.makedirs(data_dir, exist_ok=True)
+    write_atomic(os.path.join(data_dir, "train.bin"), ids[:n_train].tobytes())
+    write_atomic(os.path.join(data_dir, "val.bin"), ids[n_train:].tobytes())
+    meta = {"format": META_FORMAT, "vocab": tok.chars, "vocab_size": tok.vocab_size,
+            "train_tokens": n_train, "val_tokens": len(ids) - n_train}
+    write_atomic(os.path.join(data_dir, "meta.json"), json.dumps(meta, ensure_ascii=False).encode())
+    return meta
+
+
+def _paths(data_dir: str) -> dict:
+    return {name: os.path.join(data_dir, name) for name in ("train.bin", "val.bin", "meta.json")}
+
+
+def is_prepared(data_dir: str) -> bool:
+    return all(os.path.exists(p) for p in _paths(data_dir).values())
+
+
+def load_meta(data_dir: str) -> dict:
+    path = _paths(data_dir)["meta.json"]
+    fix = f"delete {data_dir}/meta.json, train.bin and val.bin and run again to re-prepare"
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise BabyGPTError(f"cannot read {path} ({e}); {fix}") from None
+    ok = (isinstance(meta, dict) and meta.get("format") == META_FORMAT
+          and isinstance(meta.get("vocab"), list) and all(isinstance(c, str) for c in meta["vocab"])
+          and isinstance(meta.get("train_tokens"), int) and isinstance(meta.get("val_tokens"), int))
+    if not ok:
+        raise BabyGPTError(f"{path} is not a BabyGPT meta.json; {fix}")
+    return meta
+
+
+def load_split(data_dir: str, split: str, meta: dict) -> np.ndarray:
+    """Memory-map ``split``.bin after checking it against meta.json."""
+    path = _paths(data_dir)[f"{split}.bin"]
+    fix = f"delete {data_dir}/*.bin and meta.json and run again to re-prepare"
+    expected = meta[f"{split}_tokens"]
+    size = os.path.getsize(path) if os.path.exists(path) else -1
+    if size != 2 * expected:
+        raise BabyGPTError(f"{path} holds {max(size, 0)} bytes but meta.json expects {2 * expected} "
+                           f"({expected} uint16 tokens): truncated or stale; {fix}")
+    data = np.memmap(path, dtype=np.uint16, mode="r")
+    if int(data.max()) >= len(meta["vocab"]):
+        raise BabyGPTError(f"{path} holds ids outside the vocabulary of meta.json: corrupt; {fix}")
+    return data
+
+
+def load_dataset(data_dir: str) -> tuple[np.ndarray, np.ndarray, CharTokenizer]:
+    """(train ids, val ids, tokenizer), preparing the data first if any file is missing."""
+    if not is_prepared(data_dir):
+        print(f"preparing data in {data_dir}")
+        prepare(data_dir)
+    meta = load_meta(data_dir)
+    return load_split(data_dir, "train", meta), load_split(data_dir, "val", meta), CharTokenizer(meta["vocab"])
+
+
+class BatchSampler:
+    """Random windows of ``block_size + 1`` ids from one split.
+
+    Owns its torch.Generator, so the sequence of batches depends only on the
+    seed and on how many batches were drawn, and can be saved and restored
+    (``state_dict``) for an exact resume.
+    """
+
+    def __init__(self, data: np.ndarray, block_size: int, batch_size: int, seed: int,
+                 device: str | torch.device = "cpu", split: str = "train"):
+        if len(data) <= block_size:
+            raise BabyGPTError(f"block_size ({block_size}) must be smaller than the {split} split "
+                               f"({len(data)} tokens); lower --block_size")
+        self.data, self.block_size, self.batch_size = data, block_size, batch_size
+        self.device = torch.device(device)
+        self.generator = torch.Generator().manual_seed(seed)
+        self._window = np.arange(block_size + 1)  # (T+1,)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, y: (B, T) int64; y is x shifted left by one position."""
+        starts = torch.randint(len(self.data) - self.block_size, (self.batch_size,),
+                               generator=self.generator).numpy()  # (B,)
+        chunk = torch.from_numpy(self.data[starts[:, None] + self._window].astype(np.int64))  # (B, T+1)
+        x, y = chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
+        if self.device.type == "cuda":  # pinned host memory lets the copy overlap with compute
+            return x.pin_memory().to(self.device, non_blocking=True), \
+                y.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device), y.to(self.device)
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])

@@ -1,0 +1,244 @@
+"""A character-level GPT whose normalization is chosen by configuration.
+
+Reading order: GPTConfig -> MultiHeadAttention -> FeedForward -> Block -> GPT.
+Shapes: B batch, T time (positions), C = n_embd, H = n_head, D = C // H, V = vocab_size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .errors import unknown_choice
+from .norms import NORMS, build_norm
+
+PLACEMENTS = ("pre", "post")
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 65
+    block_size: int = 64
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    bias: bool = True  # biases in Linear layers and LayerNorm's beta
+    norm_type: str = "rmsnorm"  # a key of norms.NORMS
+    norm_placement: str = "pre"  # "pre" | "post"
+    norm_eps: float = 1e-5
+    final_norm: bool | None = None  # None: on for pre, off for post (the last ln2 already normalizes)
+
+    def __post_init__(self):
+        problems = model_config_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def use_final_norm(self) -> bool:
+        if self.final_norm is None:
+            return self.norm_placement == "pre"
+        return self.final_norm
+
+
+def model_config_problems(cfg) -> list[str]:
+    """Every problem with the model fields of ``cfg`` (a GPTConfig or anything with those fields)."""
+    problems = []
+    for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+        if not hasattr(cfg, name):  # TrainConfig has no vocab_size: the data decides it
+            continue
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            problems.append(f"{name} must be a positive integer, got {value!r}")
+    if (isinstance(cfg.n_embd, int) and isinstance(cfg.n_head, int) and cfg.n_head > 0
+            and cfg.n_embd > 0 and cfg.n_embd % cfg.n_head != 0):
+        problems.append(f"n_embd ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head})")
+    if not 0.0 <= cfg.dropout < 1.0:
+        problems.append(f"dropout must be in [0, 1), got {cfg.dropout!r}")
+    if not cfg.norm_eps > 0:
+        problems.append(f"norm_eps must be positive, got {cfg.norm_eps!r}")
+    if cfg.norm_type not in NORMS:
+        problems.append(unknown_choice("norm_type", cfg.norm_type, NORMS))
+    if cfg.norm_placement not in PLACEMENTS:
+        problems.append(unknown_choice("norm_placement", cfg.norm_placement, PLACEMENTS))
+    return problems
+
+
+class MultiHeadAttention(nn.Module):
+    """Causal self-attention: one fused projection to q, k, v, then H heads in parallel."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.dropout = cfg.dropout
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)  # writes into the residual stream
+        self.resid_drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
+        # (B, T, C) -> (B, H, T, D): heads become a batch dimension
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )  # (B, H, T, D); position t attends to positions <= t only
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.resid_drop(self.proj(y))
+
+
+class FeedForward(nn.Module):
+    """Position-wise MLP: C -> 4C -> GELU -> C."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)  # writes into the residual stream
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
+        return self.drop(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    """One transformer block; ``norm_placement`` decides where ``ln1`` and ``ln2`` sit.
+
+    Pre-LN (GPT-2; Xiong et al. 2020, arXiv:2002.04745) normalizes each sublayer's
+    *input*; the residual stream itself is never normalized on its way through,
+    so the model needs a final norm (``ln_f``) before the LM head::
+
+        x ──┬──────────────────► (+) ──┬───────────────────────► (+) ──►
+            └─► ln1 ─► sa ───────┘     └─► ln2 ─► ffwd ──────────┘
+
+    Post-LN (the original Transformer, Vaswani et al. 2017) normalizes the
+    residual stream *after* each add. This is the intended placement, not a
+    bug: the last block's ``ln2`` already normalizes the output, so the final
+    norm is off by default::
+
+        x ──┬──────────► (+) ─► ln1 ──┬───────────► (+) ─► ln2 ──►
+            └─► sa ──────┘            └─► ffwd ─────┘
+    """
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.placement = cfg.norm_placement
+        self.ln1 = build_norm(cfg.norm_type, cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
+        self.sa = MultiHeadAttention(cfg)
+        self.ln2 = build_norm(cfg.norm_type, cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
+        self.ffwd = FeedForward(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
+        if self.placement == "pre":
+            x = x + self.sa(self.ln1(x))
+            x = x + self.ffwd(self.ln2(x))
+        else:  # "post"
+            x = self.ln1(x + self.sa(x))
+            x = self.ln2(x + self.ffwd(x))
+        return x
+
+
+class GPT(nn.Module):
+    """Token + position embeddings -> n_layer Blocks -> ln_f -> LM head tied to the token embedding."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.config = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.pos_emb = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        final = cfg.norm_type if cfg.use_final_norm else "none"
+        self.ln_f = build_norm(final, cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        # Weight tying (Press & Wolf 2017): the output layer reuses the input embedding matrix.
+        self.lm_head.weight = self.tok_emb.weight
+        self._init_weights()
+
+    def _init_weights(self):
+        """GPT-2 initialisation: N(0, 0.02) everywhere, zero biases; the two projections
+        that write into the residual stream use 0.02 / sqrt(2 * n_layer) so the stream's
+        variance does not grow with depth. Norm gains and biases keep their own init."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        resid_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for block in self.blocks:
+            nn.init.normal_(block.sa.proj.weight, mean=0.0, std=resid_std)
+            nn.init.normal_(block.ffwd.proj.weight, mean=0.0, std=resid_std)
+
+    def num_params(self) -> int:
+        """Number of distinct parameters (the tied embedding counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """idx, targets: (B, T) token ids. Returns logits (B, T, V) and the mean
+        cross-entropy loss (a scalar; None without targets)."""
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        pos = torch.arange(T, device=idx.device)  # (T,)
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)  # (B, T, C)
+        x = self.ln_f(x)
+        logits = self.lm_head(x)  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        return logits, loss
+
+    @torch.no_grad()
+    def generate_iter(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                      top_k: int | None = None, generator: torch.Generator | None = None
+                      ) -> Iterator[torch.Tensor]:
+        """Yield one (B, 1) tensor of new token ids per step, conditioning on the
+        last ``block_size`` tokens. ``temperature`` 0 means greedy (argmax)."""
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if top_k is not None and not 1 <= top_k <= self.config.vocab_size:
+            raise ValueError(f"top_k must be in 1..{self.config.vocab_size}, got {top_k}")
+        for _ in range(max_new_tokens):
+            context = idx[:, -self.config.block_size:]  # (B, <=block_size)
+            logits = self(context)[0][:, -1, :].float()  # (B, V), next-token logits
+            if temperature == 0:
+                next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                probs = F.softmax(logits, dim=-1)
+                next_id = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
+            idx = torch.cat([idx, next_id], dim=1)
+            yield next_id
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Extend idx (B, T) by max_new_tokens sampled tokens; returns (B, T + max_new_tokens)."""
+        new = list(self.generate_iter(idx, max_new_tokens, temperature, top_k, generator))
+        return torch.cat([idx, *new], dim=1)
+
+    def configure_optimizers(self, weight_decay: float, learning_rate: float,
+                             betas: tuple[float, float] = (0.9, 0.99), fused: bool = False):
+        """AdamW with two groups: matrices (dim >= 2: embeddings, Linear weights) are
+        decayed; vectors (norm gains, biases) are not, since shrinking a gain towards
+        zero fights the normalization it belongs to."""
+        params = list(self.parameters())  # distinct tensors; the tied weight once
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        grouped = {id(p) for p in decay} | {id(p) for p in no_decay}
+        assert len(decay) + len(no_decay) == len(params) == len(grouped), \
+            "every parameter must be in exactly one optimizer group"
+        groups = [
+            {"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)

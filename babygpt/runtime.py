@@ -1,0 +1,46 @@
+"""Device and dtype choices, made once and checked up front rather than deep inside torch."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .errors import BabyGPTError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _mps_available() -> bool:
+    return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks cuda, then mps, then cpu; an explicit choice must be available."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise BabyGPTError("device 'cuda' requested but no CUDA GPU is available to torch; "
+                           "use --device=cpu (or --device=auto)")
+    if name == "mps" and not _mps_available():
+        raise BabyGPTError("device 'mps' requested but Apple MPS is not available; use --device=cpu")
+    if name not in ("cpu", "cuda", "mps"):
+        raise BabyGPTError(f"unknown device {name!r}; choose one of: auto, cpu, cuda, mps")
+    return torch.device(name)
+
+
+def check_dtype(device: torch.device, dtype: str) -> None:
+    """CPU autocast supports bfloat16 only; float16 needs CUDA (with a GradScaler) or MPS."""
+    if dtype == "float16" and device.type == "cpu":
+        raise BabyGPTError("dtype float16 is not supported on CPU (CPU autocast is bfloat16); "
+                           "use --dtype=bfloat16 or --dtype=float32")
+    if dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise BabyGPTError("this GPU does not support bfloat16; use --dtype=float16 (with a GradScaler) "
+                           "or --dtype=float32")
+
+
+def autocast(device: torch.device, dtype: str):
+    """Mixed precision context for the forward pass; a no-op for float32."""
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=DTYPES[dtype])

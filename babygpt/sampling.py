@@ -1,0 +1,66 @@
+"""Loading a trained model from a checkpoint and streaming samples from it."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from .checkpoint import load_checkpoint
+from .data import CharTokenizer
+from .errors import BabyGPTError
+from .model import GPT, GPTConfig
+from .runtime import resolve_device
+
+
+def load_model(path: str, device: torch.device) -> tuple[GPT, CharTokenizer]:
+    """The model and tokenizer stored in a BabyGPT checkpoint, in eval mode."""
+    ckpt = load_checkpoint(path, map_location=device)
+    try:
+        model = GPT(GPTConfig(**ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"])
+        tok = CharTokenizer(ckpt["vocab"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise BabyGPTError(f"'{path}' is damaged or from an incompatible version "
+                           f"({type(e).__name__}: {str(e).splitlines()[0][:120]}); use another checkpoint") from None
+    return model.to(device).eval(), tok
+
+
+def read_prompt(start: str) -> str:
+    """``--start`` text, or the contents of the file named by ``FILE:path``."""
+    if start.startswith("FILE:"):
+        path = start[len("FILE:"):]
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise BabyGPTError(f"cannot read prompt file '{path}' ({type(e).__name__}); check the path") from None
+    return start
+
+
+def sample_cli(args) -> int:
+    problems = [f"--{name} must be positive, got {getattr(args, name)}"
+                for name in ("num_samples", "max_new_tokens") if getattr(args, name) <= 0]
+    if args.temperature < 0:
+        problems.append(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    if problems:
+        raise BabyGPTError(*problems)
+    device = resolve_device(args.device)
+    model, tok = load_model(args.ckpt, device)
+    if args.top_k is not None and not 1 <= args.top_k <= tok.vocab_size:
+        raise BabyGPTError(f"--top_k must be between 1 and the vocabulary size {tok.vocab_size}, "
+                           f"got {args.top_k}")
+    prompt = read_prompt(args.start)
+    if not prompt:
+        raise BabyGPTError("the prompt is empty; pass --start TEXT or --start FILE:path with some text")
+    idx = torch.tensor([tok.encode(prompt)], dtype=torch.long, device=device)  # (1, T)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    out = sys.stdout
+    for i in range(args.num_samples):
+        out.write(prompt)
+        for next_id in model.generate_iter(idx, args.max_new_tokens, args.temperature, args.top_k, generator):
+            out.write(tok.decode(next_id[0].tolist()))
+            out.flush()
+        out.write("\n" + "-" * 40 + "\n")
+        out.flush()
+    return 0

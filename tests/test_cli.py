@@ -1,0 +1,157 @@
+"""train.py, sample.py and prepare.py end to end, as a user runs them (CPU, tiny model)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from babygpt.data import prepare
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=8",
+        "--eval_interval=10", "--eval_iters=2", "--log_interval=5", "--device=cpu", "--warmup_iters=5"]
+
+
+def run(script, *args, cwd):
+    return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def assert_user_error(proc, *fragments):
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines and all(line.startswith("error: ") for line in lines), proc.stderr
+    for fragment in fragments:
+        assert fragment in proc.stderr
+
+
+def read_metrics(out_dir):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A prepared small corpus and one 20-iteration training run on it."""
+    work = tmp_path_factory.mktemp("cli")
+    text = "".join(f"{i}: To be, or not to be, that is the question.\n" for i in range(600))
+    (work / "corpus.txt").write_text(text)
+    prepare(str(work / "data"), input_path=str(work / "corpus.txt"))
+    proc = run("train.py", "--data_dir=data", "--out_dir=out", "--max_iters=20", *TINY, cwd=work)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return work, proc
+
+
+def test_training_run_writes_checkpoint_config_and_metrics(run_dir):
+    work, proc = run_dir
+    out = work / "out"
+    assert "step 20 | train" in proc.stdout
+    rows = read_metrics(out)
+    assert [r["iter"] for r in rows] == [0, 5, 10, 15, 20]
+    for r in rows[1:]:
+        assert {"iter", "loss", "lr", "tokens_per_s"} <= r.keys() and r["tokens_per_s"] > 0
+    evals = [r for r in rows if "val_loss" in r]
+    assert [r["iter"] for r in evals] == [0, 10, 20]
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"]
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)  # plain tensors and Python values only
+    assert ckpt["iter"] == 20 and ckpt["config"]["max_iters"] == 20
+    assert ckpt["best_val_loss"] == pytest.approx(min(r["val_loss"] for r in evals))
+    run_info = json.loads((out / "config.json").read_text())
+    assert run_info["config"]["n_embd"] == 32 and "--max_iters=20" in run_info["argv"]
+    assert (out / "best.pt").exists()
+
+
+def test_resume_continues_the_iteration_count(run_dir, tmp_path):
+    work, _ = run_dir
+    out = tmp_path / "resumed"
+    out.mkdir()
+    for name in ("ckpt.pt", "metrics.jsonl", "config.json"):
+        (out / name).write_bytes((work / "out" / name).read_bytes())
+    proc = run("train.py", f"--data_dir={work / 'data'}", f"--out_dir={out}", "--max_iters=30",
+               "--init_from=resume", *TINY, cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    rows = read_metrics(out)
+    assert [r["iter"] for r in rows] == [0, 5, 10, 15, 20, 25, 30]
+    assert torch.load(out / "ckpt.pt", weights_only=True)["iter"] == 30
+    resumes = json.loads((out / "config.json").read_text())["resumes"]
+    assert resumes[0]["iter"] == 20
+
+
+def test_scratch_run_refuses_to_overwrite_a_run(run_dir):
+    work, _ = run_dir
+    before = (work / "out" / "ckpt.pt").read_bytes()
+    proc = run("train.py", "--data_dir=data", "--out_dir=out", "--max_iters=20", *TINY, cwd=work)
+    assert_user_error(proc, "already holds a run", "--init_from=resume")
+    assert (work / "out" / "ckpt.pt").read_bytes() == before
+
+
+def test_resume_with_other_architecture_is_refused(run_dir):
+    work, _ = run_dir
+    args = [a for a in TINY if not a.startswith("--n_layer")]
+    proc = run("train.py", "--data_dir=data", "--out_dir=out", "--max_iters=40", "--init_from=resume",
+               "--n_layer=3", *args, cwd=work)
+    assert_user_error(proc, "different architecture", "n_layer=2 there, 3 here")
+
+
+def test_sample_from_checkpoint(run_dir):
+    work, _ = run_dir
+    proc = run("sample.py", "--ckpt=out/ckpt.pt", "--start=To be", "--num_samples=2",
+               "--max_new_tokens=30", "--device=cpu", cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    samples = proc.stdout.split("-" * 40 + "\n")
+    assert len(samples) == 3 and samples[-1] == ""
+    for s in samples[:2]:
+        assert s.startswith("To be") and len(s) == len("To be") + 30 + 1  # prompt + new + newline
+
+
+def test_sample_greedy_is_reproducible_and_reads_file_prompts(run_dir):
+    work, _ = run_dir
+    (work / "prompt.txt").write_text("12: To be")
+    args = ["--ckpt=out/best.pt", "--num_samples=1", "--max_new_tokens=25", "--temperature=0", "--device=cpu"]
+    from_file = run("sample.py", "--start=FILE:prompt.txt", *args, cwd=work)
+    inline = run("sample.py", "--start=12: To be", *args, cwd=work)
+    assert from_file.returncode == 0, from_file.stderr
+    assert from_file.stdout == inline.stdout and from_file.stdout.startswith("12: To be")
+
+
+def test_sample_rejects_out_of_vocabulary_prompt(run_dir):
+    work, _ = run_dir
+    proc = run("sample.py", "--ckpt=out/ckpt.pt", "--start=Zebra!", "--device=cpu", cwd=work)
+    assert_user_error(proc, "not in the model's vocabulary", "'Z'", "'!'")
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--ckpt=missing.pt"], "not found"),
+    (["--ckpt=out/config.json"], "not a readable checkpoint"),
+    (["--ckpt=out/ckpt.pt", "--start=FILE:nope.txt"], "cannot read prompt file"),
+    (["--ckpt=out/ckpt.pt", "--num_samples=0"], "--num_samples must be positive"),
+    (["--ckpt=out/ckpt.pt", "--top_k=500"], "--top_k must be between 1 and"),
+    (["--ckpt=out/ckpt.pt", "--temperature=hot"], "invalid float value"),
+])
+def test_sample_bad_input(run_dir, args, fragment):
+    work, _ = run_dir
+    assert_user_error(run("sample.py", *args, cwd=work), fragment)
+
+
+def test_train_help_lists_keys(tmp_path):
+    proc = run("train.py", "--help", cwd=tmp_path)
+    assert proc.returncode == 0
+    for key in ("--learning_rate", "--norm_type", "--final_norm", "--init_from", "--compile"):
+        assert key in proc.stdout
+
+
+def test_train_reports_config_problems_without_traceback(tmp_path):
+    proc = run("train.py", "--learnig_rate=1", "--n_embd=100", "--n_head=3", cwd=tmp_path)
+    assert_user_error(proc, "did you mean 'learning_rate'", "divisible by n_head")
+    assert not (tmp_path / "out").exists()
+
+
+def test_prepare_script_with_input(tmp_path):
+    (tmp_path / "my.txt").write_text("hello world\n" * 50)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "data", "shakespeare_char", "prepare.py"),
+                           "--input", str(tmp_path / "my.txt"), "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "--input" in proc.stdout

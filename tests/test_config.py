@@ -1,0 +1,146 @@
+"""Reading TrainConfig from config files and --key=value arguments."""
+
+import dataclasses
+import os
+
+import pytest
+
+from babygpt.config import FIELDS, TrainConfig, convert, help_text, load_config
+from babygpt.errors import BabyGPTError
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config")
+
+
+def problems_of(argv):
+    with pytest.raises(BabyGPTError) as err:
+        load_config(argv)
+    return err.value.problems
+
+
+def write(tmp_path, text, name="cfg.py"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults():
+    assert load_config([]) == TrainConfig()
+
+
+def test_cli_values_are_parsed_by_field_type():
+    cfg = load_config(["--learning_rate=1", "--compile=false", "--bias=TRUE", "--max_iters=1e3",
+                       "--dropout=0.1", "--final_norm=none", "--lr_decay_iters=500", "--norm_type=layernorm"])
+    assert cfg.learning_rate == 1.0 and isinstance(cfg.learning_rate, float)
+    assert cfg.compile is False and cfg.bias is True
+    assert cfg.max_iters == 1000 and isinstance(cfg.max_iters, int)
+    assert cfg.final_norm is None and cfg.lr_decay_iters == 500 and cfg.norm_type == "layernorm"
+    assert load_config(["--final_norm=true"]).final_norm is True
+
+
+@pytest.mark.parametrize("arg,fragment", [
+    ("--max_iters=1.5", "max_iters must be an integer"),
+    ("--max_iters=abc", "max_iters must be an integer"),
+    ("--learning_rate=fast", "learning_rate must be a number"),
+    ("--compile=maybe", "compile must be true or false"),
+    ("--device=gpu", "unknown device 'gpu'"),
+    ("--dtype=fp16", "unknown dtype 'fp16'"),
+    ("--init_from=restart", "unknown init_from 'restart'"),
+])
+def test_bad_cli_values(arg, fragment):
+    assert any(fragment in p for p in problems_of([arg]))
+
+
+def test_typo_suggests_close_match():
+    (problem,) = problems_of(["--learnig_rate=1e-3"])
+    assert "unknown config key 'learnig_rate'" in problem and "did you mean 'learning_rate'" in problem
+
+
+def test_malformed_argument():
+    (problem,) = problems_of(["--max_iters", "100"])[:1]
+    assert "malformed argument '--max_iters'" in problem and "--key=value" in problem
+
+
+def test_all_problems_reported_together(tmp_path):
+    path = write(tmp_path, "batch_szie = 8\nn_layer = 'four'\n")
+    problems = problems_of([path, "--n_embd=100", "--n_head=3", "--norm_type=rms", "--beta2=1.5", "--lr"])
+    joined = "\n".join(problems)
+    for fragment in ("batch_szie", "n_layer must be an integer", "divisible by n_head", "unknown norm_type 'rms'",
+                     "did you mean 'rmsnorm'", "beta2", "malformed argument '--lr'"):
+        assert fragment in joined
+    assert len(problems) == 6
+
+
+def test_config_file_runs_in_private_namespace(tmp_path):
+    path = write(tmp_path, "import math\n_width = 64\nn_embd = _width\nlearning_rate = 1\n"
+                           "max_iters = 2e3\nwarmup_iters = int(math.sqrt(100))\n")
+    cfg = load_config([path])
+    assert (cfg.n_embd, cfg.learning_rate, cfg.max_iters, cfg.warmup_iters) == (64, 1.0, 2000, 10)
+    assert "_width" not in globals() and "n_embd" not in globals()
+
+
+def test_cli_overrides_config_file(tmp_path):
+    path = write(tmp_path, "max_iters = 10\nn_layer = 2\n")
+    cfg = load_config([path, "--max_iters=20"])
+    assert cfg.max_iters == 20 and cfg.n_layer == 2
+
+
+def test_config_file_errors(tmp_path):
+    (p,) = problems_of([str(tmp_path / "missing.py")])
+    assert "not found" in p
+    (p,) = problems_of([write(tmp_path, "n_layer = = 2\n")])
+    assert "syntax error at line 1" in p
+    (p,) = problems_of([write(tmp_path, "n_layer = 1 / 0\n")])
+    assert "ZeroDivisionError" in p
+    (p,) = problems_of([write(tmp_path, "compile = 'yes'\n")])
+    assert "compile must be true or false" in p
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--n_embd=100", "--n_head=3"], "n_embd (100) must be divisible by n_head (3)"),
+    (["--batch_size=0"], "batch_size must be a positive integer"),
+    (["--n_layer=-2"], "n_layer must be a positive integer"),
+    (["--min_lr=1", "--learning_rate=0.1"], "min_lr"),
+    (["--warmup_iters=100", "--lr_decay_iters=50"], "lr_decay_iters"),
+    (["--norm_placement=middle"], "unknown norm_placement 'middle'"),
+    (["--device=cpu", "--dtype=float16"], "float16 is not supported on CPU"),
+])
+def test_cross_field_problems(args, fragment):
+    assert any(fragment in p for p in problems_of(args))
+
+
+def test_convert_from_file_values():
+    assert convert("learning_rate", 1, from_cli=False) == 1.0
+    assert convert("max_iters", 1e3, from_cli=False) == 1000
+    with pytest.raises(ValueError):
+        convert("max_iters", True, from_cli=False)
+    with pytest.raises(ValueError):
+        convert("bias", 1, from_cli=False)
+
+
+def test_help_lists_every_key_with_default_and_description():
+    text = help_text()
+    for f in dataclasses.fields(TrainConfig):
+        line = next(line for line in text.splitlines() if line.strip().startswith(f"--{f.name} "))
+        assert f.metadata["help"] in line
+        default = "none" if f.default is None else str(f.default).lower() if isinstance(f.default, bool) \
+            else str(f.default)
+        assert default in line
+
+
+@pytest.mark.parametrize("name", sorted(os.listdir(CONFIG_DIR)))
+def test_shipped_configs_load(name):
+    cfg = load_config([os.path.join(CONFIG_DIR, name), "--device=cpu", "--dtype=float32"])
+    assert cfg.out_dir == f"out/{name[:-3]}"
+
+
+def test_ablation_configs_only_set_norm_keys_and_out_dir():
+    allowed = {"norm_type", "norm_placement", "final_norm", "out_dir"}
+    from babygpt.config import read_config_file
+    for name in os.listdir(CONFIG_DIR):
+        if name.startswith(("prenorm_", "postnorm_")):
+            keys = set(read_config_file(os.path.join(CONFIG_DIR, name)))
+            assert keys <= allowed and keys >= {"norm_type", "norm_placement", "out_dir"}, (name, keys)
+
+
+def test_every_field_has_help():
+    assert all(f.metadata.get("help") for f in FIELDS.values())

@@ -1,0 +1,199 @@
+"""The GPT over the whole placement x norm_type grid, on tiny models."""
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from babygpt.model import GPT, Block, GPTConfig
+from babygpt.norms import NORMS, LayerNorm, NoNorm, RMSNorm
+from conftest import GRID, GRID_IDS, tiny_config
+
+
+@pytest.mark.parametrize("placement,norm", GRID, ids=GRID_IDS)
+def test_initial_loss_is_uniform_guess(placement, norm):
+    """At init the logits are near zero, so the loss is close to ln(vocab_size)."""
+    cfg = tiny_config(norm_placement=placement, norm_type=norm)
+    model = GPT(cfg)
+    x = torch.randint(cfg.vocab_size, (32, cfg.block_size))
+    y = torch.randint(cfg.vocab_size, (32, cfg.block_size))
+    _, loss = model(x, y)
+    assert abs(loss.item() - math.log(cfg.vocab_size)) < 0.1
+
+
+@pytest.mark.parametrize("placement,norm", GRID, ids=GRID_IDS)
+def test_causality(placement, norm):
+    """Changing token t+1 never changes the logits at positions <= t."""
+    cfg = tiny_config(norm_placement=placement, norm_type=norm)
+    model = GPT(cfg).eval()
+    x = torch.randint(cfg.vocab_size, (2, cfg.block_size))
+    base = model(x)[0]
+    for t in (0, 5, cfg.block_size - 2):
+        x2 = x.clone()
+        x2[:, t + 1] = (x2[:, t + 1] + 1) % cfg.vocab_size
+        out = model(x2)[0]
+        assert_close(out[:, : t + 1], base[:, : t + 1])
+        assert not torch.allclose(out[:, t + 1], base[:, t + 1])  # the change itself is seen
+
+
+@pytest.mark.parametrize("placement,norm", GRID, ids=GRID_IDS)
+def test_overfits_one_batch(placement, norm):
+    cfg = tiny_config(norm_placement=placement, norm_type=norm)
+    model = GPT(cfg)
+    opt = model.configure_optimizers(weight_decay=0.0, learning_rate=1e-2)
+    x = torch.randint(cfg.vocab_size, (4, cfg.block_size))
+    y = torch.randint(cfg.vocab_size, (4, cfg.block_size))
+    first = model(x, y)[1].item()
+    for _ in range(60):
+        _, loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.3 * first, (first, loss.item())
+
+
+@pytest.mark.parametrize("placement", ["pre", "post"])
+def test_param_counts_grow_with_norm_parameters(placement):
+    counts = {n: GPT(tiny_config(norm_placement=placement, norm_type=n)).num_params() for n in NORMS}
+    assert counts["none"] < counts["rmsnorm"] < counts["layernorm"]
+    d, n_norms = 32, 2 * 2 + (1 if placement == "pre" else 0)  # ln1, ln2 per block (+ ln_f for pre)
+    assert counts["rmsnorm"] - counts["none"] == n_norms * d  # one gain vector per norm
+    assert counts["layernorm"] - counts["none"] == n_norms * 2 * d  # gain + bias
+
+
+def test_num_params_counts_tied_embedding_once():
+    model = GPT(tiny_config())
+    assert model.lm_head.weight is model.tok_emb.weight
+    unique = {id(p): p.numel() for p in model.parameters()}
+    assert model.num_params() == sum(unique.values())
+    assert model.num_params() < sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))
+
+
+def test_postln_layernorm_block_outputs_are_normalized():
+    cfg = tiny_config(norm_placement="post", norm_type="layernorm")
+    model = GPT(cfg)
+    x = model.tok_emb(torch.randint(cfg.vocab_size, (3, cfg.block_size))) + model.pos_emb.weight
+    for block in model.blocks:
+        x = block(x)  # (B, T, C)
+        assert_close(x.mean(-1), torch.zeros(x.shape[:2]), atol=1e-5, rtol=0)
+        assert_close(x.var(-1, correction=0), torch.ones(x.shape[:2]), atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("placement,expected", [("pre", RMSNorm), ("post", NoNorm)])
+def test_final_norm_auto(placement, expected):
+    assert isinstance(GPT(tiny_config(norm_placement=placement, norm_type="rmsnorm")).ln_f, expected)
+
+
+@pytest.mark.parametrize("final_norm,expected", [(True, LayerNorm), (False, NoNorm)])
+def test_final_norm_forced(final_norm, expected):
+    cfg = tiny_config(norm_placement="post", norm_type="layernorm", final_norm=final_norm)
+    assert isinstance(GPT(cfg).ln_f, expected)
+    cfg = tiny_config(norm_placement="pre", norm_type="layernorm", final_norm=final_norm)
+    assert isinstance(GPT(cfg).ln_f, expected)
+
+
+@pytest.mark.parametrize("placement", ["pre", "post"])
+def test_block_residual_paths(placement):
+    """The Block computes exactly the documented formula for its placement."""
+    cfg = tiny_config(norm_placement=placement, norm_type="layernorm")
+    block = Block(cfg)
+    x = torch.randn(2, 5, cfg.n_embd)
+    if placement == "pre":
+        h = x + block.sa(block.ln1(x))
+        expected = h + block.ffwd(block.ln2(h))
+    else:
+        h = block.ln1(x + block.sa(x))
+        expected = block.ln2(h + block.ffwd(h))
+    assert_close(block(x), expected)
+
+
+def test_attention_matches_manual_causal_softmax():
+    cfg = tiny_config()
+    sa = GPT(cfg).blocks[0].sa
+    x = torch.randn(2, 6, cfg.n_embd)
+    B, T, C, H = 2, 6, cfg.n_embd, cfg.n_head
+    q, k, v = sa.qkv(x).split(C, dim=2)
+    q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
+    att = q @ k.transpose(-2, -1) / math.sqrt(C // H)
+    att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+    y = (att @ v).transpose(1, 2).reshape(B, T, C)
+    assert_close(sa(x), sa.proj(y))
+
+
+def test_gpt2_init_scales():
+    cfg = tiny_config(n_layer=8, n_embd=64, n_head=4)
+    model = GPT(cfg)
+    resid = torch.cat([torch.cat([b.sa.proj.weight.flatten(), b.ffwd.proj.weight.flatten()])
+                       for b in model.blocks])
+    assert abs(resid.std().item() - 0.02 / math.sqrt(2 * cfg.n_layer)) < 5e-4
+    assert abs(model.blocks[0].ffwd.fc.weight.std().item() - 0.02) < 1e-3
+    assert torch.equal(model.blocks[0].sa.qkv.bias, torch.zeros_like(model.blocks[0].sa.qkv.bias))
+
+
+def test_generate_greedy_is_deterministic_and_shapes():
+    cfg = tiny_config()
+    model = GPT(cfg).eval()
+    idx = torch.randint(cfg.vocab_size, (2, 3))
+    a = model.generate(idx, 40, temperature=0)  # 43 > block_size: the context window slides
+    b = model.generate(idx, 40, temperature=0)
+    assert a.shape == (2, 43)
+    assert torch.equal(a, b)
+    assert torch.equal(a[:, :3], idx)
+    # greedy equals the argmax of a full forward pass over the (cropped) context
+    ctx = a[:, -1 - cfg.block_size:-1]
+    assert torch.equal(a[:, -1], model(ctx)[0][:, -1].argmax(-1))
+
+
+def test_generate_sampling_respects_top_k_and_seed():
+    cfg = tiny_config()
+    model = GPT(cfg).eval()
+    idx = torch.zeros(1, 1, dtype=torch.long)
+    run = lambda: model.generate(idx, 20, temperature=1.0, top_k=1,  # noqa: E731
+                                 generator=torch.Generator().manual_seed(3))
+    assert torch.equal(run(), model.generate(idx, 20, temperature=0))  # top_k=1 is greedy
+    sample = lambda s: model.generate(idx, 30, 1.5, None, torch.Generator().manual_seed(s))  # noqa: E731
+    assert torch.equal(sample(1), sample(1))
+    with pytest.raises(ValueError, match="top_k"):
+        model.generate(idx, 1, top_k=cfg.vocab_size + 1)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("n_embd", 33), ("n_layer", 0), ("n_head", -1), ("block_size", 0), ("vocab_size", 0),
+    ("norm_type", "rms"), ("norm_placement", "middle"), ("dropout", 1.0), ("norm_eps", 0.0),
+])
+def test_invalid_config_names_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        tiny_config(**{field: value})
+
+
+def test_unknown_norm_type_lists_valid_names():
+    with pytest.raises(ValueError) as err:
+        tiny_config(norm_type="batchnorm2")
+    for name in NORMS:
+        assert name in str(err.value)
+
+
+def test_optimizer_groups():
+    model = GPT(tiny_config(norm_type="layernorm"))
+    opt = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3)
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    not_decayed = {names[id(p)] for p in no_decay["params"]}
+    assert "tok_emb.weight" in decayed and "blocks.0.sa.qkv.weight" in decayed
+    assert "blocks.0.ln1.weight" in not_decayed and "blocks.0.ln1.bias" in not_decayed
+    assert "blocks.0.ffwd.fc.bias" in not_decayed and "ln_f.weight" in not_decayed
+    assert decayed.isdisjoint(not_decayed)
+    assert decayed | not_decayed == set(names.values())
+
+
+def test_sequence_longer_than_block_size_is_rejected():
+    cfg = tiny_config()
+    with pytest.raises(ValueError, match="block_size"):
+        GPT(cfg)(torch.zeros(1, cfg.block_size + 1, dtype=torch.long))
+
+
+def test_gptconfig_defaults_are_valid():
+    assert GPTConfig().use_final_norm
