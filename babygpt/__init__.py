@@ -1,0 +1,6 @@
+"""BabyGPT: a character-level GPT for studying normalization in transformers."""
+
+from .model import GPT, GPTConfig
+from .norms import NORMS, build_norm
+
+__all__ = ["GPT", "GPTConfig", "NORMS", "build_norm"]
