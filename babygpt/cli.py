@@ -2,17 +2,22 @@
 
 A BabyGPTError (a mistake the user can fix) becomes ``error: ...`` lines on
 stderr and exit status 2, with no traceback unless ``--debug`` is given.
+Exit codes: 0 done, 2 bad input, 3 diverged, 130 SIGINT, 143 SIGTERM (1 is a bug: a traceback).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import traceback
 
 from .errors import BabyGPTError
 
-EXIT_USAGE = 2
+# Exit codes of train.py (sample.py uses 0 and 2 only).
+EXIT_USAGE = 2  # a mistake in the input: nothing ran, nothing on disk changed
+EXIT_DIVERGED = 3  # the loss became non-finite; summary.json has diverged_at
+EXIT_SIGNAL_BASE = 128  # + signal number: 130 for SIGINT (Ctrl-C), 143 for SIGTERM
 
 
 def run(main, argv: list[str]) -> int:
@@ -26,6 +31,11 @@ def run(main, argv: list[str]) -> int:
         for problem in e.problems:
             print(f"error: {problem}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves and exits by itself)
+        if debug:
+            traceback.print_exc()
+        print("interrupted", file=sys.stderr)
+        return EXIT_SIGNAL_BASE + signal.SIGINT
 
 
 def train_main(argv: list[str]) -> int:
@@ -36,14 +46,30 @@ def train_main(argv: list[str]) -> int:
         print(help_text())
         return 0
     cfg = load_config(argv)
-    result = train(cfg, argv)
-    print(f"done: {result['iter']} iterations, best val loss {result['best_val_loss']:.4f}; "
-          f"checkpoints in {cfg.out_dir}/ (sample: python sample.py --ckpt {cfg.out_dir}/best.pt)")
+    summary = train(cfg, argv)
+    status, out = summary["status"], cfg.out_dir
+    if status == "interrupted":
+        resume = " ".join(["python train.py", *[a for a in argv if not a.startswith("--init_from=")],
+                           "--init_from=resume"])
+        print(f"interrupted by {summary['signal']} at iteration {summary['iter']}; checkpoint saved to "
+              f"{out}/ckpt.pt; resume with: {resume}", file=sys.stderr)
+        return EXIT_SIGNAL_BASE + getattr(signal, summary["signal"])
+    if status == "diverged":
+        print(f"diverged: non-finite loss at iteration {summary['diverged_at']}; the last good state is in "
+              f"{out}/ckpt.pt and {out}/best.pt; see {out}/summary.json", file=sys.stderr)
+        return EXIT_DIVERGED
+    best = summary["best_val_loss"]
+    print(f"done: {summary['iter']} iterations, best val loss "
+          f"{'n/a' if best is None else f'{best:.4f}'}; "
+          f"sample with: python sample.py --ckpt {out}/best.pt")
     return 0
 
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage mistake is a single 'error:' line like every other user error."""
+
+    def __init__(self, **kwargs):
+        super().__init__(allow_abbrev=False, **kwargs)  # --temp must not silently mean --temperature
 
     def error(self, message):
         raise BabyGPTError(f"{message}; see python {self.prog} --help")
@@ -70,11 +96,13 @@ def prepare_main(argv: list[str], data_dir: str) -> int:
 
     p = OneLineParser(prog="prepare.py", description="Write train.bin, val.bin and meta.json.")
     p.add_argument("--input", default=None, help="a UTF-8 text file to use instead of TinyShakespeare")
+    p.add_argument("--data_dir", default=data_dir,
+                   help="where to write the files (default: %(default)s); train with --data_dir=DIR")
     p.add_argument("--debug", action="store_true", help="show a traceback on errors")
     args = p.parse_args(argv)
-    meta = prepare(data_dir, args.input)
+    meta = prepare(args.data_dir, args.input)
     print(f"vocab {meta['vocab_size']}, {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens "
-          f"written to {data_dir}")
+          f"written to {args.data_dir}")
     return 0
 
 

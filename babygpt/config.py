@@ -72,6 +72,8 @@ class TrainConfig:
     eval_iters: int = _opt(50, "batches per split in each evaluation")
     log_interval: int = _opt(10, "write a metrics row every this many iterations")
     init_from: Literal["scratch", "resume"] = _opt("scratch", "resume continues from out_dir/ckpt.pt")
+    nonfinite: Literal["stop", "skip"] = _opt(
+        "stop", "on a non-finite loss: stop the run (status diverged), or skip that step and go on")
 
     def model_config(self, vocab_size: int) -> GPTConfig:
         names = [f.name for f in dataclasses.fields(GPTConfig) if f.name != "vocab_size"]

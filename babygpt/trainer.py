@@ -3,19 +3,27 @@
 A run directory (``out_dir``) holds:
   config.json    the resolved TrainConfig, the command line, and each resume
   metrics.jsonl  one JSON object per logged iteration (eval rows add train_loss/val_loss)
-  ckpt.pt        the latest state, for --init_from=resume
+  ckpt.pt        the latest state, for --init_from=resume (written at each eval and on interrupt)
   best.pt        the state with the lowest val loss so far, for sampling
+  summary.json   how the run ended: finished | diverged | interrupted, losses, iterations, time
+
+Every file is replaced atomically, so a kill at any moment leaves a loadable checkpoint.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import math
 import os
+import random
+import signal
 import sys
+import threading
 import time
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -70,11 +78,12 @@ def _check_resume_compatible(ckpt: dict, model_cfg: GPTConfig, tok: CharTokenize
         raise BabyGPTError(f"{path} was trained with a different architecture ({'; '.join(diffs)}); "
                            f"resume with the run's own config, or start a new --out_dir")
     if ckpt.get("vocab") != tok.chars:
-        raise BabyGPTError(f"{path} was trained on a different vocabulary than {tok.vocab_size} characters "
+        raise BabyGPTError(f"{path} was trained on a different vocabulary than the {tok.vocab_size} characters "
                            f"in this data_dir; point --data_dir at the run's data")
 
 
-def _prepare_out_dir(cfg: TrainConfig) -> None:
+def _check_out_dir(cfg: TrainConfig) -> None:
+    """Refuse, before anything is written, an out_dir that would lose data or cannot work."""
     if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
         raise BabyGPTError(f"out_dir '{cfg.out_dir}' is a file, not a directory; choose another --out_dir")
     ckpt = os.path.join(cfg.out_dir, "ckpt.pt")
@@ -84,7 +93,6 @@ def _prepare_out_dir(cfg: TrainConfig) -> None:
     if cfg.init_from == "resume" and not os.path.exists(ckpt):
         raise BabyGPTError(f"cannot resume: no checkpoint at {ckpt}; train from scratch first "
                            f"(drop --init_from=resume) or point --out_dir at an existing run")
-    os.makedirs(cfg.out_dir, exist_ok=True)
 
 
 def _write_json(path: str, obj) -> None:
@@ -92,28 +100,91 @@ def _write_json(path: str, obj) -> None:
         f.write((json.dumps(obj, indent=2) + "\n").encode())
 
 
-def _truncate_metrics(path: str, last_iter: int) -> None:
-    """Drop metrics rows logged after the checkpoint we resume from; they will be logged again."""
-    if not os.path.exists(path):
-        return
-    with open(path, encoding="utf-8") as f:
-        rows = [line for line in f if line.strip() and json.loads(line)["iter"] <= last_iter]
+def _finite_or_none(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def _rewrite_metrics(path: str, last_iter: int) -> None:
+    """Keep only the metrics rows up to ``last_iter`` (the checkpoint resumed from): rows
+    after it will be logged again. A row cut short by a kill is dropped too."""
+    rows = []
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if row["iter"] <= last_iter:
+                    rows.append(line if line.endswith("\n") else line + "\n")
     with atomic_open(path) as f:
         f.write("".join(rows).encode())
+
+
+def _rng_state(device: torch.device) -> dict:
+    np_state = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
+    }
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class _StopSignals:
+    """While active, SIGINT and SIGTERM only set ``signum``; the loop checks it between
+    iterations, so a checkpoint is never taken in the middle of an optimizer step.
+    A second signal gets the default behaviour at once (for a run that must die now)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signum = None
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        self.signum = signum
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            self._previous = {s: signal.getsignal(s) for s in self.SIGNALS}
+            for s in self.SIGNALS:
+                signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
 
 
 class Trainer:
     """Owns the model, optimizer, data samplers and run directory of one training run."""
 
     def __init__(self, cfg: TrainConfig, argv: list[str] | None = None):
-        self.cfg = cfg
+        self.cfg, self.argv = cfg, list(argv or [])
+        # Every check comes before the first write, so a refused run leaves the disk as it was.
         self.device = resolve_device(cfg.device)
         check_dtype(self.device, cfg.dtype)
-        _prepare_out_dir(cfg)
+        _check_out_dir(cfg)
         train_data, val_data, self.tok = load_dataset(cfg.data_dir)
         self.splits = {"train": train_data, "val": val_data}
         self.model_cfg = cfg.model_config(self.tok.vocab_size)
+        self.sampler = BatchSampler(train_data, cfg.block_size, cfg.batch_size, cfg.seed, self.device)
+        BatchSampler(val_data, cfg.block_size, cfg.batch_size, cfg.seed, self.device, "val")  # size check
 
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.model = GPT(self.model_cfg).to(self.device)
         self.optimizer = self.model.configure_optimizers(
@@ -121,23 +192,29 @@ class Trainer:
         # Loss scaling is needed only for float16 (its narrow exponent range underflows small gradients).
         self.scaler = torch.amp.GradScaler(self.device.type,
                                            enabled=self.device.type == "cuda" and cfg.dtype == "float16")
-        self.sampler = BatchSampler(train_data, cfg.block_size, cfg.batch_size, cfg.seed, self.device)
-        BatchSampler(val_data, cfg.block_size, cfg.batch_size, cfg.seed, self.device, "val")  # size check
-        self.iter, self.best_val_loss = 0, float("inf")
+        self.iter, self.best_val_loss, self.elapsed_before = 0, float("inf"), 0.0
+        self.last_eval: dict = {}
+        self.first_nonfinite: int | None = None
+        self.skipped_steps = 0  # steps dropped by nonfinite=skip
+        self.scaler_skipped_steps = 0  # steps the float16 GradScaler dropped (inf/NaN gradients)
+        self._resume_rng = None
 
         self.ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
         self.metrics_path = os.path.join(cfg.out_dir, "metrics.jsonl")
         config_path = os.path.join(cfg.out_dir, "config.json")
-        run_info = {"config": to_dict(cfg), "argv": list(argv or []), "device": str(self.device),
+        run_info = {"config": to_dict(cfg), "argv": self.argv, "device": str(self.device),
                     "torch": torch.__version__, "num_params": self.model.num_params(), "resumes": []}
         if cfg.init_from == "resume":
             self._load(load_checkpoint(self.ckpt_path, map_location=self.device))
-            _truncate_metrics(self.metrics_path, self.iter)
             if os.path.exists(config_path):
                 with open(config_path, encoding="utf-8") as f:
                     run_info = json.load(f)
-            run_info.setdefault("resumes", []).append(
-                {"iter": self.iter, "argv": list(argv or []), "config": to_dict(cfg)})
+            run_info.setdefault("resumes", []).append({"iter": self.iter, "argv": self.argv,
+                                                       "config": to_dict(cfg)})
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        for stale in glob.glob(os.path.join(cfg.out_dir, ".tmp-*")):  # left by a kill mid-write
+            os.remove(stale)
+        _rewrite_metrics(self.metrics_path, self.iter)  # from scratch: no rows survive
         _write_json(config_path, run_info)
 
         self.forward_model = self.model
@@ -156,25 +233,35 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
             "sampler": self.sampler.state_dict(),
-            "torch_rng": torch.get_rng_state(),
+            "rng": _rng_state(self.device),
             "config": to_dict(self.cfg),
             "model_config": dataclasses.asdict(self.model_cfg),
             "vocab": self.tok.chars,
             "iter": self.iter,
             "best_val_loss": self.best_val_loss,
+            "last_eval": self.last_eval,
+            "elapsed_s": self.elapsed_before + time.perf_counter() - self.t_start,
+            "counters": {"first_nonfinite": self.first_nonfinite, "skipped_steps": self.skipped_steps,
+                         "scaler_skipped_steps": self.scaler_skipped_steps},
         }
 
     def _load(self, ckpt: dict) -> None:
         _check_resume_compatible(ckpt, self.model_cfg, self.tok, self.ckpt_path)
-        if ckpt["iter"] >= self.cfg.max_iters:
-            raise BabyGPTError(f"{self.ckpt_path} is already at iteration {ckpt['iter']} >= max_iters "
-                               f"({self.cfg.max_iters}); pass a larger --max_iters to train further")
-        self.model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.scaler.load_state_dict(ckpt["scaler"])
-        self.sampler.load_state_dict(ckpt["sampler"])
-        torch.set_rng_state(ckpt["torch_rng"])
+        try:
+            self.model.load_state_dict(ckpt["model"])
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+            self.scaler.load_state_dict(ckpt["scaler"])
+            self.sampler.load_state_dict(ckpt["sampler"])
+            rng = ckpt["rng"]
+            counters = ckpt["counters"]
+        except (KeyError, RuntimeError, ValueError, TypeError) as e:
+            raise BabyGPTError(f"{self.ckpt_path} is damaged or from an incompatible version "
+                               f"({type(e).__name__}); start a new --out_dir") from None
         self.iter, self.best_val_loss = ckpt["iter"], ckpt["best_val_loss"]
+        self.last_eval, self.elapsed_before = ckpt["last_eval"], ckpt["elapsed_s"]
+        self.first_nonfinite = counters["first_nonfinite"]
+        self.skipped_steps, self.scaler_skipped_steps = counters["skipped_steps"], counters["scaler_skipped_steps"]
+        self._resume_rng = rng  # applied when training starts, after everything that draws random numbers
 
     # ------------------------------------------------------------- the loop
 
@@ -184,63 +271,138 @@ class Trainer:
 
     def _evaluate(self, row: dict) -> None:
         losses = estimate_loss(self.forward_model, self.splits, self.cfg, self.device)
-        row.update(train_loss=losses["train"], val_loss=losses["val"])
+        row.update(train_loss=_finite_or_none(losses["train"]), val_loss=_finite_or_none(losses["val"]))
+        self.last_eval = {"iter": self.iter, "train_loss": row["train_loss"], "val_loss": row["val_loss"]}
         speed = f" | {row['tokens_per_s'] / 1e3:.1f}k tok/s" if row["tokens_per_s"] else ""
         tqdm.write(f"step {self.iter} | train {losses['train']:.4f} | val {losses['val']:.4f} | "
                    f"lr {row['lr']:.1e}{speed}")
         sys.stdout.flush()  # eval lines show up promptly when stdout is a file or a pipe
-        if losses["val"] < self.best_val_loss:
-            self.best_val_loss = losses["val"]
+
+    def _checkpoint(self) -> None:
+        """Save best.pt (if the last eval improved on it), then ckpt.pt. Called after the eval
+        row is in metrics.jsonl, so a resume from this checkpoint never lacks that row."""
+        val = self.last_eval["val_loss"]
+        if val is not None and val < self.best_val_loss:
+            self.best_val_loss = val
             save_checkpoint(self._state(), os.path.join(self.cfg.out_dir, "best.pt"))
         save_checkpoint(self._state(), self.ckpt_path)
 
-    def train(self) -> dict:
-        """Run until max_iters; return the final eval losses."""
-        cfg, model = self.cfg, self.forward_model
-        tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps
-        model.train()
-        if self.iter == 0:
-            row = {"iter": 0, "loss": None, "lr": lr_at(0, cfg), "tokens_per_s": None}
-            self._evaluate(row)
-            self._log(row)
-        bar = tqdm(total=cfg.max_iters, initial=self.iter, disable=None, dynamic_ncols=True, leave=False)
-        t_last, iters_since = time.perf_counter(), 0
-        while self.iter < cfg.max_iters:
-            lr = lr_at(self.iter, cfg)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            for _ in range(cfg.gradient_accumulation_steps):
-                x, y = self.sampler.next_batch()  # (B, T) each
-                with autocast(self.device, cfg.dtype):
-                    _, loss = model(x, y)
-                self.scaler.scale(loss / cfg.gradient_accumulation_steps).backward()
-            if cfg.grad_clip > 0:
-                self.scaler.unscale_(self.optimizer)
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+    def _step(self, lr: float) -> torch.Tensor:
+        """One optimizer step (with gradient accumulation); returns the step's mean loss,
+        detached and left on the device so that no host-device sync happens here."""
+        cfg = self.cfg
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        step_loss = torch.zeros((), device=self.device)
+        for _ in range(cfg.gradient_accumulation_steps):
+            x, y = self.sampler.next_batch()  # (B, T) each
+            with autocast(self.device, cfg.dtype):
+                _, loss = self.forward_model(x, y)
+            loss = loss / cfg.gradient_accumulation_steps
+            step_loss += loss.detach()
+            self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the loss-scaled ones
+        grad_norm = torch.zeros((), device=self.device)
+        if cfg.grad_clip > 0 or cfg.nonfinite == "skip":
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        if cfg.nonfinite == "skip" and not torch.isfinite(step_loss + grad_norm):  # syncs: skip mode only
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.update()
+            self.skipped_steps += 1
+            return step_loss
+        if self.scaler.is_enabled():
+            scale = self.scaler.get_scale()
             self.scaler.step(self.optimizer)
             self.scaler.update()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.iter += 1
-            iters_since += 1
-            bar.update(1)
+            self.scaler_skipped_steps += int(self.scaler.get_scale() < scale)  # the scale drops on a skip
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return step_loss
 
-            is_eval = self.iter % cfg.eval_interval == 0 or self.iter == cfg.max_iters
-            if self.iter % cfg.log_interval == 0 or is_eval:
-                loss_value = loss.item()  # the only host-device sync, once per logged step
+    def train(self) -> dict:
+        """Run until max_iters, a non-finite loss (nonfinite=stop) or SIGINT/SIGTERM.
+        Writes summary.json and returns it."""
+        cfg = self.cfg
+        self.t_start = time.perf_counter()
+        if self._resume_rng is not None:
+            _set_rng_state(self._resume_rng)
+        tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps
+        self.forward_model.train()
+        status, signum = "finished", None
+        if self.iter >= cfg.max_iters:  # e.g. killed after its last checkpoint: it is complete
+            print(f"{self.ckpt_path} is already at iteration {self.iter} (max_iters {cfg.max_iters}): "
+                  f"nothing to train; pass a larger --max_iters to continue", file=sys.stderr)
+            return self._write_summary(status, signum)
+        with _StopSignals() as stop:
+            if self.iter == 0:
+                row = {"iter": 0, "loss": None, "lr": lr_at(0, cfg), "tokens_per_s": None}
+                self._evaluate(row)
+                self._log(row)
+                self._checkpoint()
+            bar = tqdm(total=cfg.max_iters, initial=self.iter, disable=None, dynamic_ncols=True, leave=False)
+            window: list[torch.Tensor] = []  # per-step losses since the last metrics row, on device
+            t_last = time.perf_counter()
+            while self.iter < cfg.max_iters:
+                if stop.signum is not None:
+                    status, signum = "interrupted", stop.signum
+                    break
+                lr = lr_at(self.iter, cfg)
+                window.append(self._step(lr))
+                self.iter += 1
+                bar.update(1)
+                is_eval = self.iter % cfg.eval_interval == 0 or self.iter == cfg.max_iters
+                if self.iter % cfg.log_interval and not is_eval:
+                    continue
+                losses = torch.stack(window).tolist()  # one host-device sync per metrics row
+                first_bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
+                if first_bad is not None and self.first_nonfinite is None:
+                    self.first_nonfinite = self.iter - len(losses) + 1 + first_bad
                 elapsed = time.perf_counter() - t_last
-                row = {"iter": self.iter, "loss": loss_value, "lr": lr,
-                       "tokens_per_s": iters_since * tokens_per_iter / elapsed}
-                bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.1e}",
+                row = {"iter": self.iter, "loss": _finite_or_none(losses[-1]), "lr": lr,
+                       "tokens_per_s": len(losses) * tokens_per_iter / elapsed}
+                if self.skipped_steps or self.scaler_skipped_steps:
+                    row.update(skipped_steps=self.skipped_steps, scaler_skipped_steps=self.scaler_skipped_steps)
+                window.clear()
+                if first_bad is not None and cfg.nonfinite == "stop":
+                    row["diverged_at"] = self.first_nonfinite
+                    self._log(row)
+                    status = "diverged"  # ckpt.pt and best.pt still hold the last good state
+                    break
+                bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{lr:.1e}",
                                 tok_s=f"{row['tokens_per_s'] / 1e3:.1f}k")
                 if is_eval:
                     self._evaluate(row)
                 self._log(row)
-                t_last, iters_since = time.perf_counter(), 0  # eval time is not training throughput
-        bar.close()
-        return {"iter": self.iter, "best_val_loss": self.best_val_loss}
+                if is_eval:
+                    self._checkpoint()
+                t_last = time.perf_counter()  # eval time is not training throughput
+            bar.close()
+            if status == "interrupted":
+                save_checkpoint(self._state(), self.ckpt_path)
+        return self._write_summary(status, signum)
+
+    def _write_summary(self, status: str, signum: int | None) -> dict:
+        summary = {
+            "status": status,
+            "iter": self.iter,
+            "max_iters": self.cfg.max_iters,
+            "diverged_at": self.first_nonfinite if status == "diverged" else None,
+            "first_nonfinite_at": self.first_nonfinite,
+            "skipped_steps": self.skipped_steps,
+            "scaler_skipped_steps": self.scaler_skipped_steps,
+            "final_train_loss": self.last_eval.get("train_loss"),
+            "final_val_loss": self.last_eval.get("val_loss"),
+            "final_eval_iter": self.last_eval.get("iter"),
+            "best_val_loss": _finite_or_none(self.best_val_loss),
+            "wall_time_s": round(self.elapsed_before + time.perf_counter() - self.t_start, 3),
+            "signal": signal.Signals(signum).name if signum else None,
+        }
+        _write_json(os.path.join(self.cfg.out_dir, "summary.json"), summary)
+        return summary
 
 
 def train(cfg: TrainConfig, argv: list[str] | None = None) -> dict:
+    """Train per ``cfg``; returns the run's summary (also written to out_dir/summary.json)."""
     return Trainer(cfg, argv).train()
-
-

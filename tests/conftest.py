@@ -1,5 +1,6 @@
 import itertools
 import os
+import subprocess
 import sys
 
 import pytest
@@ -25,3 +26,38 @@ def tiny_config(**overrides) -> GPTConfig:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+# Training arguments for a tiny model that trains in about a second on CPU.
+TINY_TRAIN_ARGS = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=8",
+                   "--eval_interval=10", "--eval_iters=2", "--log_interval=5", "--device=cpu",
+                   "--warmup_iters=5"]
+SMALL_CORPUS = "".join(f"{i}: To be, or not to be, that is the question.\n" for i in range(600))
+
+
+def prepare_small_data(directory) -> str:
+    """Prepare SMALL_CORPUS into ``directory``/data; return that data_dir."""
+    from babygpt.data import prepare
+
+    corpus = os.path.join(directory, "corpus.txt")
+    with open(corpus, "w") as f:
+        f.write(SMALL_CORPUS)
+    data_dir = os.path.join(directory, "data")
+    prepare(data_dir, input_path=corpus)
+    return data_dir
+
+
+def run_script(script, *args, cwd, timeout=120):
+    """Run one of the project's scripts as a user would, in ``cwd``."""
+    return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_user_error(stderr: str, returncode: int, *fragments):
+    """Exit 2, one 'error: ...' line per problem, no traceback, and the expected words."""
+    assert returncode == 2, stderr
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert lines and all(line.startswith("error: ") for line in lines), stderr
+    for fragment in fragments:
+        assert fragment in stderr, (fragment, stderr)

@@ -8,25 +8,16 @@ import sys
 import pytest
 import torch
 
-from babygpt.data import prepare
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=8",
-        "--eval_interval=10", "--eval_iters=2", "--log_interval=5", "--device=cpu", "--warmup_iters=5"]
+from conftest import ROOT, TINY_TRAIN_ARGS as TINY, prepare_small_data, run_script
+from conftest import assert_user_error as conftest_assert_user_error
 
 
 def run(script, *args, cwd):
-    return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+    return run_script(script, *args, cwd=cwd)
 
 
 def assert_user_error(proc, *fragments):
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert lines and all(line.startswith("error: ") for line in lines), proc.stderr
-    for fragment in fragments:
-        assert fragment in proc.stderr
+    conftest_assert_user_error(proc.stderr, proc.returncode, *fragments)
 
 
 def read_metrics(out_dir):
@@ -38,9 +29,7 @@ def read_metrics(out_dir):
 def run_dir(tmp_path_factory):
     """A prepared small corpus and one 20-iteration training run on it."""
     work = tmp_path_factory.mktemp("cli")
-    text = "".join(f"{i}: To be, or not to be, that is the question.\n" for i in range(600))
-    (work / "corpus.txt").write_text(text)
-    prepare(str(work / "data"), input_path=str(work / "corpus.txt"))
+    prepare_small_data(work)
     proc = run("train.py", "--data_dir=data", "--out_dir=out", "--max_iters=20", *TINY, cwd=work)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return work, proc
@@ -122,19 +111,6 @@ def test_sample_rejects_out_of_vocabulary_prompt(run_dir):
     work, _ = run_dir
     proc = run("sample.py", "--ckpt=out/ckpt.pt", "--start=Zebra!", "--device=cpu", cwd=work)
     assert_user_error(proc, "not in the model's vocabulary", "'Z'", "'!'")
-
-
-@pytest.mark.parametrize("args,fragment", [
-    (["--ckpt=missing.pt"], "not found"),
-    (["--ckpt=out/config.json"], "not a readable checkpoint"),
-    (["--ckpt=out/ckpt.pt", "--start=FILE:nope.txt"], "cannot read prompt file"),
-    (["--ckpt=out/ckpt.pt", "--num_samples=0"], "--num_samples must be positive"),
-    (["--ckpt=out/ckpt.pt", "--top_k=500"], "--top_k must be between 1 and"),
-    (["--ckpt=out/ckpt.pt", "--temperature=hot"], "invalid float value"),
-])
-def test_sample_bad_input(run_dir, args, fragment):
-    work, _ = run_dir
-    assert_user_error(run("sample.py", *args, cwd=work), fragment)
 
 
 def test_train_help_lists_keys(tmp_path):

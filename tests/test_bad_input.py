@@ -1,0 +1,174 @@
+"""Bad input: one 'error:' line per problem, exit 2, no traceback, nothing on disk changed.
+
+Each case runs the real command-line entry point in-process (the same code as train.py /
+sample.py, without paying a Python start-up per case) inside a scratch directory.
+"""
+
+import os
+import shutil
+
+import pytest
+import torch
+
+from babygpt import cli, data
+from conftest import TINY_TRAIN_ARGS, assert_user_error, prepare_small_data
+
+
+def snapshot(root):
+    """Every file under root with its size and modification time."""
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            st = os.stat(path)
+            out[path] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """A prepared corpus and one finished tiny run (out/) to point bad commands at."""
+    root = tmp_path_factory.mktemp("bad")
+    prepare_small_data(root)
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        assert cli.run(cli.train_main, ["--data_dir=data", "--out_dir=out", "--max_iters=10",
+                                        *TINY_TRAIN_ARGS]) == 0
+    finally:
+        os.chdir(cwd)
+    return root
+
+
+@pytest.fixture
+def ws(workspace, tmp_path, monkeypatch):
+    """A private copy of the workspace as the current directory; the network is unreachable."""
+    root = tmp_path / "ws"
+    shutil.copytree(workspace, root)
+    monkeypatch.chdir(root)
+
+    def offline(*args, **kwargs):
+        raise OSError("network is unreachable")
+    monkeypatch.setattr(data.urllib.request, "urlopen", offline)
+    return root
+
+
+def check(main, argv, capsys, root, *fragments):
+    before = snapshot(root)
+    code = cli.run(main, argv)
+    err = capsys.readouterr().err
+    assert_user_error(err, code, *fragments)
+    assert snapshot(root) == before, "a refused command changed files on disk"
+
+
+TRAIN = ["--data_dir=data", "--out_dir=new", *TINY_TRAIN_ARGS, "--max_iters=10"]
+
+TRAIN_CASES = {
+    "unknown_key": (["--learnig_rate=1e-3"], ["unknown config key 'learnig_rate'", "did you mean"]),
+    "wrong_type": (["--batch_size=eight"], ["batch_size must be an integer"]),
+    "malformed_arg": (["--max_iters", "5"], ["malformed argument '--max_iters'"]),
+    "missing_config_file": (["config/nope.py"], ["config file 'config/nope.py' not found"]),
+    "n_embd_not_divisible": (["--n_embd=30", "--n_head=4"], ["n_embd (30) must be divisible by n_head (4)"]),
+    "zero_size": (["--n_layer=0"], ["n_layer must be a positive integer"]),
+    "negative_size": (["--batch_size=-3"], ["batch_size must be a positive integer"]),
+    "block_size_vs_val_split": (["--block_size=5000"], ["block_size (5000) must be smaller than the val split"]),
+    "unknown_norm_type": (["--norm_type=batch"], ["unknown norm_type 'batch'", "layernorm, rmsnorm, none"]),
+    "unknown_placement": (["--norm_placement=middle"], ["unknown norm_placement 'middle'"]),
+    "unknown_device": (["--device=tpu"], ["unknown device 'tpu'"]),
+    "unknown_dtype": (["--dtype=float8"], ["unknown dtype 'float8'"]),
+    "float16_on_cpu": (["--device=cpu", "--dtype=float16"], ["float16 is not supported on CPU"]),
+    "resume_without_checkpoint": (["--init_from=resume"], ["cannot resume: no checkpoint"]),
+    "resume_other_architecture": (["--out_dir=out", "--init_from=resume", "--max_iters=20", "--n_embd=64"],
+                                  ["different architecture", "n_embd=32 there, 64 here"]),
+    "out_dir_is_a_file": (["--out_dir=data/meta.json"], ["is a file, not a directory"]),
+    "scratch_over_existing_run": (["--out_dir=out"], ["already holds a run"]),
+}
+
+
+@pytest.mark.parametrize("case", TRAIN_CASES)
+def test_train_bad_input(case, ws, capsys):
+    argv, fragments = TRAIN_CASES[case]
+    check(cli.train_main, TRAIN + argv, capsys, ws, *fragments)
+
+
+def test_train_config_file_with_syntax_error(ws, capsys):
+    (ws / "broken.py").write_text("n_layer = (\n")
+    check(cli.train_main, ["broken.py", *TRAIN], capsys, ws, "broken.py' has a syntax error at line 1")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_train_cuda_without_gpu(ws, capsys):
+    check(cli.train_main, TRAIN + ["--device=cuda"], capsys, ws, "no CUDA GPU is available")
+
+
+def test_train_missing_data_without_network(ws, capsys):
+    check(cli.train_main, ["--data_dir=nodata", *TRAIN[1:]], capsys, ws,
+          "could not download TinyShakespeare", "by hand", "nodata/input.txt")
+
+
+def test_train_corrupt_input_txt(ws, capsys):
+    os.makedirs("shakes")
+    (ws / "shakes" / "input.txt").write_text("First Citizen:\nBefore we proceed")  # truncated copy
+    check(cli.train_main, ["--data_dir=shakes", *TRAIN[1:]], capsys, ws, "sha256 differs")
+
+
+def test_train_truncated_bin(ws, capsys):
+    path = ws / "data" / "val.bin"
+    path.write_bytes(path.read_bytes()[:-7])
+    check(cli.train_main, TRAIN, capsys, ws, "val.bin holds", "truncated or stale", "re-prepare")
+
+
+def test_train_corrupt_meta_json(ws, capsys):
+    (ws / "data" / "meta.json").write_text('{"vocab": ')
+    check(cli.train_main, TRAIN, capsys, ws, "cannot read", "meta.json")
+
+
+def test_train_foreign_meta_json(ws, capsys):
+    (ws / "data" / "meta.json").write_text('{"vocab_size": 65, "itos": {}}')
+    check(cli.train_main, TRAIN, capsys, ws, "is not a BabyGPT meta.json")
+
+
+def test_train_resume_corrupt_checkpoint(ws, capsys):
+    path = ws / "out" / "ckpt.pt"
+    path.write_bytes(path.read_bytes()[:5000])
+    check(cli.train_main, [*TRAIN, "--out_dir=out", "--init_from=resume", "--max_iters=20"], capsys, ws,
+          "not a readable checkpoint", "truncated or corrupt")
+
+
+SAMPLE_CASES = {
+    "missing_checkpoint": (["--ckpt=out/none.pt"], ["checkpoint 'out/none.pt' not found"]),
+    "not_a_checkpoint": (["--ckpt=out/metrics.jsonl"], ["not a readable checkpoint"]),
+    "prompt_out_of_vocabulary": (["--ckpt=out/ckpt.pt", "--start=Zany?"], ["not in the model's vocabulary", "'Z'"]),
+    "num_samples_zero": (["--ckpt=out/ckpt.pt", "--num_samples=0"], ["--num_samples must be positive"]),
+    "max_new_tokens_negative": (["--ckpt=out/ckpt.pt", "--max_new_tokens=-5"], ["--max_new_tokens must be positive"]),
+    "top_k_above_vocab": (["--ckpt=out/ckpt.pt", "--top_k=1000"], ["--top_k must be between 1 and the vocabulary"]),
+    "negative_temperature": (["--ckpt=out/ckpt.pt", "--temperature=-1"], ["--temperature must be >= 0"]),
+    "missing_prompt_file": (["--ckpt=out/ckpt.pt", "--start=FILE:nope.txt"], ["cannot read prompt file 'nope.txt'"]),
+    "unknown_option": (["--ckpt=out/ckpt.pt", "--temp=1"], ["unrecognized arguments: --temp=1"]),
+    "cuda_without_gpu": (["--ckpt=out/ckpt.pt", "--device=cuda"], ["no CUDA GPU"]),
+}
+
+
+@pytest.mark.parametrize("case", SAMPLE_CASES)
+def test_sample_bad_input(case, ws, capsys):
+    if case == "cuda_without_gpu" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    argv, fragments = SAMPLE_CASES[case]
+    check(cli.sample_main, argv, capsys, ws, *fragments)
+
+
+def test_sample_corrupt_checkpoint(ws, capsys):
+    path = ws / "out" / "best.pt"
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    check(cli.sample_main, ["--ckpt=out/best.pt"], capsys, ws, "not a readable checkpoint")
+
+
+def test_sample_non_babygpt_checkpoint(ws, capsys):
+    torch.save({"model": {"w": torch.zeros(2)}, "iter": 3}, ws / "other.pt")  # a valid torch file
+    check(cli.sample_main, ["--ckpt=other.pt"], capsys, ws, "is not a BabyGPT checkpoint")
+
+
+def test_debug_flag_shows_traceback(ws, capsys):
+    assert cli.run(cli.train_main, TRAIN + ["--n_layer=0", "--debug"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "error: n_layer must be a positive integer" in err

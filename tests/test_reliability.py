@@ -1,0 +1,244 @@
+"""Runs that survive: kills, exact resume, signals, divergence, untrusted checkpoints."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from babygpt.checkpoint import load_checkpoint
+from babygpt.config import load_config
+from babygpt.errors import BabyGPTError
+from babygpt.trainer import Trainer, train
+from conftest import ROOT, TINY_TRAIN_ARGS, assert_user_error, prepare_small_data, run_script
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return prepare_small_data(tmp_path_factory.mktemp("rel"))
+
+
+def rows(out_dir):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def comparable(metrics):
+    """Metrics rows without the wall-clock throughput, which differs from run to run."""
+    return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in metrics]
+
+
+def summary(out_dir):
+    with open(os.path.join(out_dir, "summary.json")) as f:
+        return json.load(f)
+
+
+def start_training(out_dir, data_dir, *extra):
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), f"--data_dir={data_dir}",
+                             f"--out_dir={out_dir}", *TINY_TRAIN_ARGS, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(path, proc, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def wait_for_run_start(out_dir, proc, resumes, timeout=60):
+    """Until config.json records this process (its setup is done: training starts next)."""
+    path = os.path.join(out_dir, "config.json")
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            return False
+        assert time.monotonic() < deadline, "the run never started"
+        try:
+            with open(path) as f:
+                if len(json.load(f)["resumes"]) == resumes:
+                    return True
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+
+
+# ------------------------------------------------------------------ exact resume
+
+def test_resume_is_bit_identical(data_dir, tmp_path):
+    """2N iterations in one go == N iterations, then a resume to 2N (losses compared with ==)."""
+    n = 12
+    common = [f"--data_dir={data_dir}", *TINY_TRAIN_ARGS, "--log_interval=1", f"--eval_interval={n}",
+              "--dropout=0.1", f"--lr_decay_iters={2 * n}"]  # dropout: the torch RNG state must resume too
+    train(load_config([*common, f"--out_dir={tmp_path / 'full'}", f"--max_iters={2 * n}"]))
+    train(load_config([*common, f"--out_dir={tmp_path / 'half'}", f"--max_iters={n}"]))
+    train(load_config([*common, f"--out_dir={tmp_path / 'half'}", f"--max_iters={2 * n}",
+                       "--init_from=resume"]))
+    full, resumed = rows(tmp_path / "full"), rows(tmp_path / "half")
+    losses = lambda rs: [(r["iter"], r["loss"]) for r in rs if r["iter"] > n]  # noqa: E731
+    assert len(losses(full)) == n
+    assert losses(resumed) == losses(full)
+    assert comparable(resumed) == comparable(full)
+
+
+# ------------------------------------------------------------------ SIGKILL at random moments
+
+def test_sigkill_at_random_moments_always_resumes(data_dir, tmp_path):
+    """Kill a run at random moments (mid-step, mid-eval, mid-checkpoint-write); each time the
+    next run continues from what is on disk, and the final metrics equal an unkilled run's."""
+    max_iters = 400
+    args = [f"--max_iters={max_iters}", "--eval_interval=4", "--eval_iters=1", "--log_interval=2"]
+    reference = tmp_path / "reference"
+    train(load_config([f"--data_dir={data_dir}", f"--out_dir={reference}", *TINY_TRAIN_ARGS, *args]))
+
+    out = tmp_path / "killed"
+    rng = random.Random(0)
+    kills, resumed_from, half_written = 0, [], 0
+    for attempt in range(8):
+        ckpt = out / "ckpt.pt"
+        resume = ckpt.exists()
+        if resume:
+            resumed_from.append(load_checkpoint(str(ckpt))["iter"])  # loadable after every kill
+        proc = start_training(out, data_dir, *args, f"--init_from={'resume' if resume else 'scratch'}")
+        started = wait_for_run_start(out, proc, resumes=len(resumed_from))
+        time.sleep(rng.uniform(0.0, 0.6))
+        if not started or proc.poll() is not None:  # finished before the kill
+            assert proc.wait() == 0, proc.communicate()
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+        kills += 1
+        half_written += any(f.startswith(".tmp-") for f in os.listdir(out))  # killed mid-write
+    print(f"kills={kills} resumed_from={resumed_from} killed_mid_write={half_written}")
+    assert kills >= 4
+    proc = start_training(out, data_dir, *args, f"--init_from={'resume' if (out / 'ckpt.pt').exists() else 'scratch'}")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert comparable(rows(out)) == comparable(rows(reference))
+    assert summary(out)["status"] == "finished" and summary(out)["iter"] == max_iters
+    assert not [f for f in os.listdir(out) if f.startswith(".tmp-")]  # no half-written files left
+    assert resumed_from == sorted(resumed_from)
+
+
+# ------------------------------------------------------------------ signals
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_saves_checkpoint_and_exits_cleanly(data_dir, tmp_path, sig, code):
+    out = tmp_path / "run"
+    proc = start_training(out, data_dir, "--max_iters=1000000", "--eval_interval=1000")
+    wait_for(out / "ckpt.pt", proc)  # the step-0 checkpoint: training has started
+    time.sleep(0.3)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "resume with: python train.py" in lines[0] and "--init_from=resume" in lines[0]
+    s = summary(out)
+    assert s["status"] == "interrupted" and s["signal"] == sig.name and s["iter"] > 0
+    assert load_checkpoint(str(out / "ckpt.pt"))["iter"] == s["iter"]
+    resumed = run_script("train.py", f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS,
+                         f"--max_iters={s['iter'] + 5}", "--init_from=resume", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert summary(out)["iter"] == s["iter"] + 5
+
+
+# ------------------------------------------------------------------ divergence
+
+class NaNAfter(torch.nn.Module):
+    """Wraps a model; from the ``k``-th training forward call on, the loss is NaN."""
+
+    def __init__(self, model, k):
+        super().__init__()
+        self.model, self.k, self.calls = model, k, 0
+
+    def forward(self, x, y):
+        logits, loss = self.model(x, y)
+        if not self.training:  # evaluation
+            return logits, loss
+        self.calls += 1
+        return logits, loss * float("nan") if self.calls >= self.k else loss
+
+
+def trainer_with_nan(data_dir, out_dir, k, *extra):
+    cfg = load_config([f"--data_dir={data_dir}", f"--out_dir={out_dir}", *TINY_TRAIN_ARGS,
+                       "--max_iters=40", *extra])
+    trainer = Trainer(cfg)
+    trainer.forward_model = NaNAfter(trainer.model, k)
+    return trainer
+
+
+def test_nonfinite_loss_stops_the_run_and_keeps_last_good_checkpoint(data_dir, tmp_path):
+    out = tmp_path / "run"
+    s = trainer_with_nan(data_dir, out, k=17).train()  # forward call 17 = iteration 17
+    assert s["status"] == "diverged" and s["diverged_at"] == 17 and s["iter"] == 20  # seen at the log row
+    assert rows(out)[-1]["diverged_at"] == 17
+    ckpt = load_checkpoint(str(out / "ckpt.pt"))
+    assert ckpt["iter"] == 10  # the last eval before the divergence
+    assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
+    assert s["final_val_loss"] is not None and s["best_val_loss"] is not None
+
+
+def test_nonfinite_skip_mode_skips_steps_and_finishes(data_dir, tmp_path):
+    out = tmp_path / "run"
+    trainer = trainer_with_nan(data_dir, out, 35, "--nonfinite=skip")
+    s = trainer.train()
+    assert s["status"] == "finished" and s["iter"] == 40
+    assert s["first_nonfinite_at"] == 35 and s["skipped_steps"] == 6 and s["diverged_at"] is None
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert rows(out)[-1]["skipped_steps"] == 6
+
+
+def test_real_divergence_exits_3(data_dir, tmp_path):
+    """No norm and an absurd learning rate: the loss overflows within a few steps."""
+    proc = run_script("train.py", f"--data_dir={data_dir}", "--out_dir=out", *TINY_TRAIN_ARGS,
+                      "--norm_type=none", "--learning_rate=1e6", "--min_lr=0", "--grad_clip=0",
+                      "--warmup_iters=0", "--max_iters=50", "--log_interval=1", cwd=tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    assert "diverged: non-finite loss at iteration" in proc.stderr and "Traceback" not in proc.stderr
+    s = summary(tmp_path / "out")
+    assert s["status"] == "diverged" and s["diverged_at"] == s["iter"] < 50
+
+
+def test_summary_of_a_finished_run(data_dir, tmp_path):
+    s = train(load_config([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *TINY_TRAIN_ARGS,
+                           "--max_iters=10"]))
+    on_disk = summary(tmp_path)
+    assert on_disk == s
+    assert s["status"] == "finished" and s["iter"] == 10 and s["final_eval_iter"] == 10
+    assert s["best_val_loss"] <= s["final_val_loss"] and s["wall_time_s"] > 0
+
+
+# ------------------------------------------------------------------ untrusted files
+
+class _Payload:
+    """Unpickling this would create the file ``path``: the stand-in for malicious code."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_pickled_code_in_a_checkpoint_never_runs(data_dir, tmp_path):
+    marker = tmp_path / "PWNED"
+    out = tmp_path / "run"
+    out.mkdir()
+    torch.save({"format": "babygpt-ckpt-v1", "iter": 1, "model": _Payload(str(marker))}, out / "ckpt.pt")
+    assert not marker.exists()
+
+    proc = run_script("sample.py", f"--ckpt={out / 'ckpt.pt'}", "--device=cpu", cwd=tmp_path)
+    assert_user_error(proc.stderr, proc.returncode, "refusing to load", "could run code")
+    proc = run_script("train.py", f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS,
+                      "--max_iters=20", "--init_from=resume", cwd=tmp_path)
+    assert_user_error(proc.stderr, proc.returncode, "refusing to load")
+    assert not marker.exists()
+    with pytest.raises(BabyGPTError):
+        load_checkpoint(str(out / "ckpt.pt"))
+    assert not marker.exists()
