@@ -137,3 +137,15 @@ def test_unknown_norm_lists_valid_names():
     assert "unknown norm_type 'rms'" in msg
     for name in NORMS:
         assert name in msg
+
+
+@pytest.mark.parametrize("name", ["layernorm", "rmsnorm"])
+def test_norms_compute_in_float32_under_autocast(name):
+    """Inside bfloat16 autocast, a norm's statistics are still float32: its output equals the
+    float32 computation rounded once to bfloat16 at the end."""
+    norm = build_norm(name, D)
+    x = (torch.randn(4, 9, D) * 100 + 50).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = norm(x)
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, norm(x.float()).bfloat16())

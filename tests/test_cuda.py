@@ -1,0 +1,53 @@
+"""CUDA paths (float16 + GradScaler, bfloat16, fused AdamW, compile). Skipped without a GPU."""
+
+import os
+
+import pytest
+import torch
+
+from babygpt.config import load_config
+from babygpt.model import GPT
+from babygpt.trainer import train
+from conftest import TINY_TRAIN_ARGS, prepare_small_data, tiny_config
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+CUDA_ARGS = [a for a in TINY_TRAIN_ARGS if not a.startswith("--device")] + ["--device=cuda"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return prepare_small_data(tmp_path_factory.mktemp("cuda"))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_training_on_cuda(data_dir, tmp_path, dtype):
+    if dtype == "bfloat16" and not torch.cuda.is_bf16_supported():
+        pytest.skip("no bfloat16 on this GPU")
+    s = train(load_config([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *CUDA_ARGS,
+                           f"--dtype={dtype}", "--max_iters=30"]))
+    assert s["status"] == "finished"
+    assert s["final_val_loss"] < 3.3  # learned something: ln(vocab_size) is about 3.4
+    assert isinstance(s["scaler_skipped_steps"], int)  # counted (float16) or 0 (no scaler)
+    if dtype != "float16":
+        assert s["scaler_skipped_steps"] == 0
+    ckpt = torch.load(os.path.join(tmp_path, "ckpt.pt"), weights_only=True)
+    assert ckpt["scaler"] if dtype == "float16" else not ckpt["scaler"]  # scaler state saved for resume
+
+
+def test_compile_on_cuda(data_dir, tmp_path):
+    s = train(load_config([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *CUDA_ARGS,
+                           "--dtype=bfloat16", "--compile=true", "--max_iters=20"]))
+    assert s["status"] == "finished"
+    keys = torch.load(os.path.join(tmp_path, "ckpt.pt"), weights_only=True)["model"].keys()
+    assert not any(k.startswith("_orig_mod.") for k in keys)
+
+
+@pytest.mark.parametrize("name", ["layernorm", "rmsnorm"])
+def test_float16_autocast_model_is_finite_and_close_to_float32(name):
+    model = GPT(tiny_config(norm_type=name)).cuda()
+    x = torch.randint(29, (4, 16), device="cuda")
+    ref = model(x, x)[1]
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(x, x)[1]
+    assert torch.isfinite(loss) and abs(loss.item() - ref.item()) < 1e-2
