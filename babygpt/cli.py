@@ -8,6 +8,8 @@ Exit codes: 0 done, 2 bad input, 3 diverged, 130 SIGINT, 143 SIGTERM (1 is a bug
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import signal
 import sys
 import traceback
@@ -31,6 +33,9 @@ def run(main, argv: list[str]) -> int:
         for problem in e.problems:
             print(f"error: {problem}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # e.g. sample.py ... | head: the reader is gone, nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
     except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves and exits by itself)
         if debug:
             traceback.print_exc()
@@ -49,8 +54,8 @@ def train_main(argv: list[str]) -> int:
     summary = train(cfg, argv)
     status, out = summary["status"], cfg.out_dir
     if status == "interrupted":
-        resume = " ".join(["python train.py", *[a for a in argv if not a.startswith("--init_from=")],
-                           "--init_from=resume"])
+        resume = "python train.py " + shlex.join(
+            [*[a for a in argv if not a.startswith("--init_from=")], "--init_from=resume"])
         print(f"interrupted by {summary['signal']} at iteration {summary['iter']}; checkpoint saved to "
               f"{out}/ckpt.pt; resume with: {resume}", file=sys.stderr)
         return EXIT_SIGNAL_BASE + getattr(signal, summary["signal"])

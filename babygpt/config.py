@@ -40,7 +40,7 @@ class TrainConfig:
     data_dir: str = _opt("data/shakespeare_char", "holds input.txt; train.bin/val.bin/meta.json are made there")
     device: Literal["auto", "cpu", "cuda", "mps"] = _opt("auto", "auto = cuda if available, else mps, else cpu")
     dtype: Literal["float32", "bfloat16", "float16"] = _opt(
-        "float32", "autocast dtype; float16 needs CUDA (uses a GradScaler)")
+        "float32", "autocast dtype; float16 needs CUDA (uses a GradScaler), bfloat16 works on CPU too")
     compile: bool = _opt(False, "torch.compile the model (falls back to eager with a warning)")
     seed: int = _opt(1337, "seed for init, batches and dropout")
     # data
@@ -251,6 +251,8 @@ def config_problems(cfg: TrainConfig) -> list[str]:
         problems.append(f"learning_rate must be positive, got {cfg.learning_rate}")
     if not 0 <= cfg.min_lr <= cfg.learning_rate:
         problems.append(f"min_lr ({cfg.min_lr}) must be between 0 and learning_rate ({cfg.learning_rate})")
+    if not 0 <= cfg.seed < 2**32:
+        problems.append(f"seed must be in [0, 2**32), got {cfg.seed}")
     for name in ("weight_decay", "grad_clip"):
         if not getattr(cfg, name) >= 0:
             problems.append(f"{name} must be >= 0, got {getattr(cfg, name)}")

@@ -75,6 +75,7 @@ def _download(path: str) -> None:
         raise BabyGPTError(f"could not download TinyShakespeare ({e}); {how}") from None
     if hashlib.sha256(data).hexdigest() != TINYSHAKESPEARE_SHA256:
         raise BabyGPTError(f"the downloaded TinyShakespeare has the wrong sha256; {how}")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # only once there is a file to keep
     write_atomic(path, data)
 
 
@@ -82,10 +83,11 @@ def read_corpus(data_dir: str, input_path: str | None = None) -> str:
     """The training text: ``input_path`` if given (any UTF-8 file), else
     ``data_dir/input.txt``, downloaded first if missing and checked against the
     known sha256 so that a truncated or altered copy cannot slip through."""
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise BabyGPTError(f"data_dir '{data_dir}' is a file, not a directory; pass another --data_dir")
     if input_path is None:
         input_path = os.path.join(data_dir, "input.txt")
         if not os.path.exists(input_path):
-            os.makedirs(data_dir, exist_ok=True)
             print(f"downloading TinyShakespeare to {input_path}")
             _download(input_path)
         elif sha256_of(input_path) != TINYSHAKESPEARE_SHA256:
@@ -164,6 +166,8 @@ def load_split(data_dir: str, split: str, meta: dict) -> np.ndarray:
 
 def load_dataset(data_dir: str) -> tuple[np.ndarray, np.ndarray, CharTokenizer]:
     """(train ids, val ids, tokenizer), preparing the data first if any file is missing."""
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise BabyGPTError(f"data_dir '{data_dir}' is a file, not a directory; pass another --data_dir")
     if not is_prepared(data_dir):
         print(f"preparing data in {data_dir}")
         prepare(data_dir)

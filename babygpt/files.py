@@ -31,6 +31,11 @@ def atomic_open(path: str):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        dir_fd = os.open(directory, os.O_RDONLY)  # make the rename itself survive a power loss
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)

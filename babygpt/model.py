@@ -200,8 +200,8 @@ class GPT(nn.Module):
                       ) -> Iterator[torch.Tensor]:
         """Yield one (B, 1) tensor of new token ids per step, conditioning on the
         last ``block_size`` tokens. ``temperature`` 0 means greedy (argmax)."""
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if not (math.isfinite(temperature) and temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
         if top_k is not None and not 1 <= top_k <= self.config.vocab_size:
             raise ValueError(f"top_k must be in 1..{self.config.vocab_size}, got {top_k}")
         for _ in range(max_new_tokens):
@@ -210,7 +210,8 @@ class GPT(nn.Module):
             if temperature == 0:
                 next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
             else:
-                logits = logits / temperature
+                # Subtracting the max first keeps a tiny temperature from turning logits into inf - inf.
+                logits = (logits - logits.max(dim=-1, keepdim=True).values) / temperature
                 if top_k is not None:
                     kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
                     logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -234,9 +235,13 @@ class GPT(nn.Module):
         params = list(self.parameters())  # distinct tensors; the tied weight once
         decay = [p for p in params if p.dim() >= 2]
         no_decay = [p for p in params if p.dim() < 2]
-        grouped = {id(p) for p in decay} | {id(p) for p in no_decay}
-        assert len(decay) + len(no_decay) == len(params) == len(grouped), \
-            "every parameter must be in exactly one optimizer group"
+        # The dim rule must agree with what the parameters are: a norm class with a matrix-shaped
+        # parameter would otherwise be decayed without anyone noticing.
+        norm_types = tuple(c for c in NORMS.values() if isinstance(c, type))
+        expected = {id(p) for m in self.modules() if isinstance(m, norm_types) for p in m.parameters()}
+        expected |= {id(m.bias) for m in self.modules() if isinstance(m, nn.Linear) and m.bias is not None}
+        assert {id(p) for p in no_decay} == expected, "norm/bias parameters must be exactly the non-decayed group"
+        assert len(decay) + len(no_decay) == len(params), "every parameter must be in exactly one optimizer group"
         groups = [
             {"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0},

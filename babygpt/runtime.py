@@ -30,10 +30,13 @@ def resolve_device(name: str) -> torch.device:
 
 
 def check_dtype(device: torch.device, dtype: str) -> None:
-    """CPU autocast supports bfloat16 only; float16 needs CUDA (with a GradScaler) or MPS."""
+    """float16 training needs a GradScaler, which BabyGPT uses on CUDA only."""
     if dtype == "float16" and device.type == "cpu":
         raise BabyGPTError("dtype float16 is not supported on CPU (CPU autocast is bfloat16); "
                            "use --dtype=bfloat16 or --dtype=float32")
+    if dtype == "float16" and device.type != "cuda":
+        raise BabyGPTError(f"dtype float16 needs CUDA (it trains with a GradScaler); on {device.type} "
+                           f"use --dtype=bfloat16 or --dtype=float32")
     if dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise BabyGPTError("this GPU does not support bfloat16; use --dtype=float16 (with a GradScaler) "
                            "or --dtype=float32")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 import torch
@@ -41,8 +42,8 @@ def read_prompt(start: str) -> str:
 def sample_cli(args) -> int:
     problems = [f"--{name} must be positive, got {getattr(args, name)}"
                 for name in ("num_samples", "max_new_tokens") if getattr(args, name) <= 0]
-    if args.temperature < 0:
-        problems.append(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        problems.append(f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}")
     if problems:
         raise BabyGPTError(*problems)
     device = resolve_device(args.device)

@@ -84,10 +84,21 @@ def _check_resume_compatible(ckpt: dict, model_cfg: GPTConfig, tok: CharTokenize
 
 def _check_out_dir(cfg: TrainConfig) -> None:
     """Refuse, before anything is written, an out_dir that would lose data or cannot work."""
+    if not cfg.out_dir.strip():
+        raise BabyGPTError("out_dir is empty; pass --out_dir=DIR")
     if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
         raise BabyGPTError(f"out_dir '{cfg.out_dir}' is a file, not a directory; choose another --out_dir")
+    ancestor = os.path.abspath(cfg.out_dir)
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise BabyGPTError(f"out_dir '{cfg.out_dir}' cannot be created: '{ancestor}' is a file; "
+                           f"choose another --out_dir")
     ckpt = os.path.join(cfg.out_dir, "ckpt.pt")
-    if cfg.init_from == "scratch" and os.path.exists(ckpt):
+    # A run that wrote any checkpoint or summary is kept; a directory with only the logs of a
+    # run killed before its first checkpoint may be reused.
+    if cfg.init_from == "scratch" and any(os.path.exists(os.path.join(cfg.out_dir, name))
+                                          for name in ("ckpt.pt", "best.pt", "summary.json")):
         raise BabyGPTError(f"out_dir '{cfg.out_dir}' already holds a run; continue it with "
                            f"--init_from=resume, or choose another --out_dir (nothing was overwritten)")
     if cfg.init_from == "resume" and not os.path.exists(ckpt):
@@ -168,6 +179,25 @@ class _StopSignals:
             signal.signal(s, handler)
 
 
+def _compile_or_fall_back(model: GPT, cfg: TrainConfig, device: torch.device):
+    """torch.compile compiles lazily, so a missing compiler shows up only at the first call.
+    Make one call now (eval mode, no grad: it draws no random numbers) and fall back to the
+    eager model, with a warning, if compiling fails."""
+    compiled = torch.compile(model)
+    model.eval()
+    try:
+        with torch.no_grad(), autocast(device, cfg.dtype):
+            compiled(torch.zeros(cfg.batch_size, cfg.block_size, dtype=torch.long, device=device))
+    except Exception as e:  # e.g. no C++ compiler for the inductor backend
+        first_line = (str(e).strip().splitlines() or [""])[0][:200]
+        print(f"warning: torch.compile failed ({type(e).__name__}: {first_line}); training eagerly",
+              file=sys.stderr)
+        return model
+    finally:
+        model.train()
+    return compiled
+
+
 class Trainer:
     """Owns the model, optimizer, data samplers and run directory of one training run."""
 
@@ -205,7 +235,7 @@ class Trainer:
         run_info = {"config": to_dict(cfg), "argv": self.argv, "device": str(self.device),
                     "torch": torch.__version__, "num_params": self.model.num_params(), "resumes": []}
         if cfg.init_from == "resume":
-            self._load(load_checkpoint(self.ckpt_path, map_location=self.device))
+            self._load(load_checkpoint(self.ckpt_path, map_location="cpu"))
             if os.path.exists(config_path):
                 with open(config_path, encoding="utf-8") as f:
                     run_info = json.load(f)
@@ -214,16 +244,12 @@ class Trainer:
         os.makedirs(cfg.out_dir, exist_ok=True)
         for stale in glob.glob(os.path.join(cfg.out_dir, ".tmp-*")):  # left by a kill mid-write
             os.remove(stale)
-        _rewrite_metrics(self.metrics_path, self.iter)  # from scratch: no rows survive
+        _rewrite_metrics(self.metrics_path, self.iter if cfg.init_from == "resume" else -1)
         _write_json(config_path, run_info)
 
         self.forward_model = self.model
         if cfg.compile:
-            try:
-                self.forward_model = torch.compile(self.model)
-            except Exception as e:  # e.g. no C++ compiler on this machine
-                print(f"warning: torch.compile unavailable ({type(e).__name__}: {e}); training eagerly",
-                      file=sys.stderr)
+            self.forward_model = _compile_or_fall_back(self.model, cfg, self.device)
 
     # ------------------------------------------------------------- checkpoints
 
@@ -250,7 +276,8 @@ class Trainer:
         try:
             self.model.load_state_dict(ckpt["model"])
             self.optimizer.load_state_dict(ckpt["optimizer"])
-            self.scaler.load_state_dict(ckpt["scaler"])
+            if ckpt["scaler"]:  # empty when the checkpointed run did not use float16
+                self.scaler.load_state_dict(ckpt["scaler"])
             self.sampler.load_state_dict(ckpt["sampler"])
             rng = ckpt["rng"]
             counters = ckpt["counters"]
@@ -265,27 +292,47 @@ class Trainer:
 
     # ------------------------------------------------------------- the loop
 
-    def _log(self, row: dict) -> None:
+    def _log(self, row: dict, sync: bool = False) -> None:
         with open(self.metrics_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
+            if sync:  # eval rows reach the disk before the checkpoint that follows them
+                f.flush()
+                os.fsync(f.fileno())
 
-    def _evaluate(self, row: dict) -> None:
+    def _evaluate_and_checkpoint(self, row: dict) -> bool:
+        """Evaluate, log ``row`` with the eval losses, then checkpoint. Returns False if the
+        run must stop: a non-finite eval loss with nonfinite=stop. A non-finite eval never
+        overwrites the checkpoints, which keep the last good state."""
         losses = estimate_loss(self.forward_model, self.splits, self.cfg, self.device)
         row.update(train_loss=_finite_or_none(losses["train"]), val_loss=_finite_or_none(losses["val"]))
-        self.last_eval = {"iter": self.iter, "train_loss": row["train_loss"], "val_loss": row["val_loss"]}
         speed = f" | {row['tokens_per_s'] / 1e3:.1f}k tok/s" if row["tokens_per_s"] else ""
         tqdm.write(f"step {self.iter} | train {losses['train']:.4f} | val {losses['val']:.4f} | "
                    f"lr {row['lr']:.1e}{speed}")
         sys.stdout.flush()  # eval lines show up promptly when stdout is a file or a pipe
-
-    def _checkpoint(self) -> None:
-        """Save best.pt (if the last eval improved on it), then ckpt.pt. Called after the eval
-        row is in metrics.jsonl, so a resume from this checkpoint never lacks that row."""
-        val = self.last_eval["val_loss"]
-        if val is not None and val < self.best_val_loss:
-            self.best_val_loss = val
+        if row["train_loss"] is None or row["val_loss"] is None:
+            if self.first_nonfinite is None:
+                self.first_nonfinite = self.iter
+            if self.cfg.nonfinite == "stop":
+                row["diverged_at"] = self.first_nonfinite
+            self._log(row, sync=True)
+            return self.cfg.nonfinite != "stop"
+        self.last_eval = {"iter": self.iter, "train_loss": row["train_loss"], "val_loss": row["val_loss"]}
+        self._log(row, sync=True)
+        if row["val_loss"] < self.best_val_loss:
+            self.best_val_loss = row["val_loss"]
             save_checkpoint(self._state(), os.path.join(self.cfg.out_dir, "best.pt"))
         save_checkpoint(self._state(), self.ckpt_path)
+        return True
+
+    def _drain(self, window: list) -> list[float]:
+        """Move the per-step losses since the last metrics row to the host (one sync) and
+        note the first non-finite one."""
+        losses = torch.stack(window).tolist() if window else []
+        first_bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
+        if first_bad is not None and self.first_nonfinite is None:
+            self.first_nonfinite = self.iter - len(losses) + 1 + first_bad
+        window.clear()
+        return losses
 
     def _step(self, lr: float) -> torch.Tensor:
         """One optimizer step (with gradient accumulation); returns the step's mean loss,
@@ -306,7 +353,10 @@ class Trainer:
         if cfg.grad_clip > 0 or cfg.nonfinite == "skip":
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 self.model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-        if cfg.nonfinite == "skip" and not torch.isfinite(step_loss + grad_norm):  # syncs: skip mode only
+        # With a GradScaler, inf gradients are routine (the scale is too high) and the scaler
+        # skips those steps itself; nonfinite=skip then acts on the loss alone.
+        check = step_loss if self.scaler.is_enabled() else step_loss + grad_norm
+        if cfg.nonfinite == "skip" and not torch.isfinite(check):  # syncs: skip mode only
             self.optimizer.zero_grad(set_to_none=True)
             self.scaler.update()
             self.skipped_steps += 1
@@ -324,30 +374,36 @@ class Trainer:
     def train(self) -> dict:
         """Run until max_iters, a non-finite loss (nonfinite=stop) or SIGINT/SIGTERM.
         Writes summary.json and returns it."""
-        cfg = self.cfg
         self.t_start = time.perf_counter()
         if self._resume_rng is not None:
             _set_rng_state(self._resume_rng)
-        tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps
         self.forward_model.train()
-        status, signum = "finished", None
-        if self.iter >= cfg.max_iters:  # e.g. killed after its last checkpoint: it is complete
+        with _StopSignals() as stop:
+            status = self._loop(stop)
+        return self._write_summary(status, stop.signum if status == "interrupted" else None)
+
+    def _loop(self, stop: _StopSignals) -> str:
+        cfg = self.cfg
+        stops_on_nonfinite = cfg.nonfinite == "stop"
+        if cfg.init_from == "scratch":
+            row = {"iter": 0, "loss": None, "lr": lr_at(0, cfg), "tokens_per_s": None}
+            if not self._evaluate_and_checkpoint(row):
+                return "diverged"
+        elif self.iter >= cfg.max_iters:  # e.g. killed after its last checkpoint: it is complete
             print(f"{self.ckpt_path} is already at iteration {self.iter} (max_iters {cfg.max_iters}): "
                   f"nothing to train; pass a larger --max_iters to continue", file=sys.stderr)
-            return self._write_summary(status, signum)
-        with _StopSignals() as stop:
-            if self.iter == 0:
-                row = {"iter": 0, "loss": None, "lr": lr_at(0, cfg), "tokens_per_s": None}
-                self._evaluate(row)
-                self._log(row)
-                self._checkpoint()
-            bar = tqdm(total=cfg.max_iters, initial=self.iter, disable=None, dynamic_ncols=True, leave=False)
-            window: list[torch.Tensor] = []  # per-step losses since the last metrics row, on device
-            t_last = time.perf_counter()
+            return "finished"
+        tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps
+        window: list[torch.Tensor] = []  # per-step losses since the last metrics row, on device
+        t_last = time.perf_counter()
+        with tqdm(total=cfg.max_iters, initial=self.iter, disable=None, dynamic_ncols=True, leave=False) as bar:
             while self.iter < cfg.max_iters:
                 if stop.signum is not None:
-                    status, signum = "interrupted", stop.signum
-                    break
+                    self._drain(window)
+                    if stops_on_nonfinite and self.first_nonfinite is not None:
+                        return "diverged"  # do not checkpoint a state that has already gone bad
+                    save_checkpoint(self._state(), self.ckpt_path)
+                    return "interrupted"
                 lr = lr_at(self.iter, cfg)
                 window.append(self._step(lr))
                 self.iter += 1
@@ -355,33 +411,25 @@ class Trainer:
                 is_eval = self.iter % cfg.eval_interval == 0 or self.iter == cfg.max_iters
                 if self.iter % cfg.log_interval and not is_eval:
                     continue
-                losses = torch.stack(window).tolist()  # one host-device sync per metrics row
-                first_bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
-                if first_bad is not None and self.first_nonfinite is None:
-                    self.first_nonfinite = self.iter - len(losses) + 1 + first_bad
-                elapsed = time.perf_counter() - t_last
+                n = len(window)
+                losses = self._drain(window)  # the only host-device sync, once per metrics row
                 row = {"iter": self.iter, "loss": _finite_or_none(losses[-1]), "lr": lr,
-                       "tokens_per_s": len(losses) * tokens_per_iter / elapsed}
+                       "tokens_per_s": n * tokens_per_iter / (time.perf_counter() - t_last)}
                 if self.skipped_steps or self.scaler_skipped_steps:
                     row.update(skipped_steps=self.skipped_steps, scaler_skipped_steps=self.scaler_skipped_steps)
-                window.clear()
-                if first_bad is not None and cfg.nonfinite == "stop":
+                if stops_on_nonfinite and self.first_nonfinite is not None:
                     row["diverged_at"] = self.first_nonfinite
-                    self._log(row)
-                    status = "diverged"  # ckpt.pt and best.pt still hold the last good state
-                    break
+                    self._log(row, sync=True)
+                    return "diverged"  # ckpt.pt and best.pt still hold the last good state
                 bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{lr:.1e}",
                                 tok_s=f"{row['tokens_per_s'] / 1e3:.1f}k")
                 if is_eval:
-                    self._evaluate(row)
-                self._log(row)
-                if is_eval:
-                    self._checkpoint()
+                    if not self._evaluate_and_checkpoint(row):
+                        return "diverged"
+                else:
+                    self._log(row)
                 t_last = time.perf_counter()  # eval time is not training throughput
-            bar.close()
-            if status == "interrupted":
-                save_checkpoint(self._state(), self.ckpt_path)
-        return self._write_summary(status, signum)
+        return "finished"
 
     def _write_summary(self, status: str, signum: int | None) -> dict:
         summary = {

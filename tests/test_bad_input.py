@@ -15,9 +15,11 @@ from conftest import TINY_TRAIN_ARGS, assert_user_error, prepare_small_data
 
 
 def snapshot(root):
-    """Every file under root with its size and modification time."""
+    """Every file and directory under root, with sizes and modification times."""
     out = {}
-    for dirpath, _, files in os.walk(root):
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs:
+            out[os.path.join(dirpath, name)] = "dir"
         for name in files:
             path = os.path.join(dirpath, name)
             st = os.stat(path)
@@ -82,6 +84,10 @@ TRAIN_CASES = {
                                   ["different architecture", "n_embd=32 there, 64 here"]),
     "out_dir_is_a_file": (["--out_dir=data/meta.json"], ["is a file, not a directory"]),
     "scratch_over_existing_run": (["--out_dir=out"], ["already holds a run"]),
+    "empty_out_dir": (["--out_dir="], ["out_dir is empty"]),
+    "out_dir_inside_a_file": (["--out_dir=data/meta.json/run"], ["cannot be created", "is a file"]),
+    "data_dir_is_a_file": (["--data_dir=data/meta.json"], ["data_dir 'data/meta.json' is a file"]),
+    "seed_out_of_range": (["--seed=-1"], ["seed must be in [0, 2**32)"]),
 }
 
 
@@ -128,6 +134,12 @@ def test_train_foreign_meta_json(ws, capsys):
     check(cli.train_main, TRAIN, capsys, ws, "is not a BabyGPT meta.json")
 
 
+def test_train_scratch_over_a_run_without_ckpt(ws, capsys):
+    """A run whose ckpt.pt was deleted still has best.pt and summary.json: not overwritten."""
+    os.remove(ws / "out" / "ckpt.pt")
+    check(cli.train_main, [*TRAIN, "--out_dir=out"], capsys, ws, "already holds a run")
+
+
 def test_train_resume_corrupt_checkpoint(ws, capsys):
     path = ws / "out" / "ckpt.pt"
     path.write_bytes(path.read_bytes()[:5000])
@@ -142,7 +154,8 @@ SAMPLE_CASES = {
     "num_samples_zero": (["--ckpt=out/ckpt.pt", "--num_samples=0"], ["--num_samples must be positive"]),
     "max_new_tokens_negative": (["--ckpt=out/ckpt.pt", "--max_new_tokens=-5"], ["--max_new_tokens must be positive"]),
     "top_k_above_vocab": (["--ckpt=out/ckpt.pt", "--top_k=1000"], ["--top_k must be between 1 and the vocabulary"]),
-    "negative_temperature": (["--ckpt=out/ckpt.pt", "--temperature=-1"], ["--temperature must be >= 0"]),
+    "negative_temperature": (["--ckpt=out/ckpt.pt", "--temperature=-1"], ["--temperature must be a finite number >= 0"]),
+    "nan_temperature": (["--ckpt=out/ckpt.pt", "--temperature=nan"], ["--temperature must be a finite number"]),
     "missing_prompt_file": (["--ckpt=out/ckpt.pt", "--start=FILE:nope.txt"], ["cannot read prompt file 'nope.txt'"]),
     "unknown_option": (["--ckpt=out/ckpt.pt", "--temp=1"], ["unrecognized arguments: --temp=1"]),
     "cuda_without_gpu": (["--ckpt=out/ckpt.pt", "--device=cuda"], ["no CUDA GPU"]),

@@ -51,3 +51,13 @@ def test_float16_autocast_model_is_finite_and_close_to_float32(name):
     with torch.autocast("cuda", dtype=torch.float16):
         loss = model(x, x)[1]
     assert torch.isfinite(loss) and abs(loss.item() - ref.item()) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_resume_on_cuda(data_dir, tmp_path, dtype):
+    """RNG states are CPU tensors even for a CUDA run; resume must restore them."""
+    args = [f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *CUDA_ARGS, f"--dtype={dtype}",
+            "--lr_decay_iters=30"]
+    train(load_config([*args, "--max_iters=20"]))
+    s = train(load_config([*args, "--max_iters=30", "--init_from=resume"]))
+    assert s["status"] == "finished" and s["iter"] == 30

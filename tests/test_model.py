@@ -189,6 +189,33 @@ def test_optimizer_groups():
     assert decayed | not_decayed == set(names.values())
 
 
+def test_optimizer_groups_catch_a_matrix_shaped_norm_parameter(monkeypatch):
+    """A norm with a 2-D parameter would fall into the decayed group by the dim rule: refused."""
+    from babygpt import norms
+
+    class MatrixNorm(torch.nn.Module):
+        def __init__(self, dim, eps=1e-5, bias=False):
+            super().__init__()
+            self.mix = torch.nn.Parameter(torch.eye(dim))
+
+        def forward(self, x):
+            return x @ self.mix
+
+    monkeypatch.setitem(norms.NORMS, "matrix", MatrixNorm)
+    model = GPT(tiny_config(norm_type="matrix"))
+    with pytest.raises(AssertionError, match="non-decayed"):
+        model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3)
+
+
+def test_tiny_temperature_is_greedy():
+    cfg = tiny_config()
+    model = GPT(cfg).eval()
+    idx = torch.zeros(1, 1, dtype=torch.long)
+    assert torch.equal(model.generate(idx, 20, temperature=1e-45), model.generate(idx, 20, temperature=0))
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(idx, 1, temperature=float("nan"))
+
+
 def test_sequence_longer_than_block_size_is_rejected():
     cfg = tiny_config()
     with pytest.raises(ValueError, match="block_size"):

@@ -130,8 +130,10 @@ def test_sigkill_at_random_moments_always_resumes(data_dir, tmp_path):
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_saves_checkpoint_and_exits_cleanly(data_dir, tmp_path, sig, code):
+    """Interrupt between evals, resume: the metrics equal those of a run never interrupted."""
     out = tmp_path / "run"
-    proc = start_training(out, data_dir, "--max_iters=1000000", "--eval_interval=1000")
+    fixed = ["--eval_interval=1000", "--lr_decay_iters=2000", "--log_interval=1"]
+    proc = start_training(out, data_dir, "--max_iters=1000000", *fixed)
     wait_for(out / "ckpt.pt", proc)  # the step-0 checkpoint: training has started
     time.sleep(0.3)
     proc.send_signal(sig)
@@ -142,10 +144,15 @@ def test_signal_saves_checkpoint_and_exits_cleanly(data_dir, tmp_path, sig, code
     s = summary(out)
     assert s["status"] == "interrupted" and s["signal"] == sig.name and s["iter"] > 0
     assert load_checkpoint(str(out / "ckpt.pt"))["iter"] == s["iter"]
+    end = s["iter"] + 5
     resumed = run_script("train.py", f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS,
-                         f"--max_iters={s['iter'] + 5}", "--init_from=resume", cwd=tmp_path)
+                         *fixed, f"--max_iters={end}", "--init_from=resume", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
-    assert summary(out)["iter"] == s["iter"] + 5
+    assert summary(out)["iter"] == end
+    reference = tmp_path / "reference"
+    train(load_config([f"--data_dir={data_dir}", f"--out_dir={reference}", *TINY_TRAIN_ARGS, *fixed,
+                       f"--max_iters={end}"]))
+    assert comparable(rows(out)) == comparable(rows(reference))
 
 
 # ------------------------------------------------------------------ divergence
@@ -194,6 +201,71 @@ def test_nonfinite_skip_mode_skips_steps_and_finishes(data_dir, tmp_path):
     assert rows(out)[-1]["skipped_steps"] == 6
 
 
+def test_interrupt_after_a_nonfinite_step_keeps_the_good_checkpoint(data_dir, tmp_path):
+    """Ctrl-C right after a NaN step (before any metrics row saw it): no checkpoint of the bad state."""
+    out = tmp_path / "run"
+    trainer = trainer_with_nan(data_dir, out, k=13)
+    wrapped = trainer.forward_model
+
+    class InterruptAfterNaN(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = wrapped
+
+        def forward(self, x, y):
+            result = self.inner(x, y)
+            if self.inner.calls == 13 and self.training:
+                os.kill(os.getpid(), signal.SIGINT)  # lands in the handler: acted on after this step
+            return result
+
+    trainer.forward_model = InterruptAfterNaN()
+    s = trainer.train()
+    assert s["status"] == "diverged" and s["diverged_at"] == 13
+    assert load_checkpoint(str(out / "ckpt.pt"))["iter"] == 10
+
+
+class NaNEvalAfter(torch.nn.Module):
+    """Training is fine, but evaluation loss is NaN once ``k`` training steps have run."""
+
+    def __init__(self, model, k):
+        super().__init__()
+        self.model, self.k, self.calls = model, k, 0
+
+    def forward(self, x, y):
+        logits, loss = self.model(x, y)
+        self.calls += self.training
+        return logits, loss * float("nan") if self.calls >= self.k and not self.training else loss
+
+
+def test_nonfinite_eval_stops_without_overwriting_checkpoints(data_dir, tmp_path):
+    out = tmp_path / "run"
+    cfg = load_config([f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=40"])
+    trainer = Trainer(cfg)
+    trainer.forward_model = NaNEvalAfter(trainer.model, 15)
+    s = trainer.train()
+    assert s["status"] == "diverged" and s["diverged_at"] == 20 and s["final_eval_iter"] == 10
+    assert load_checkpoint(str(out / "ckpt.pt"))["iter"] == 10
+    assert rows(out)[-1]["diverged_at"] == 20 and rows(out)[-1]["val_loss"] is None
+
+
+def test_compile_failure_falls_back_to_eager(data_dir, tmp_path, monkeypatch, capsys):
+    """torch.compile fails at the first call when no compiler works; training goes on eagerly."""
+    import babygpt.trainer as trainer_module
+
+    def broken_compile(model):
+        def fails(*args, **kwargs):
+            raise RuntimeError("no working C++ compiler")
+        return fails
+    monkeypatch.setattr(trainer_module.torch, "compile", broken_compile)
+    cfg = load_config([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *TINY_TRAIN_ARGS,
+                       "--max_iters=10", "--compile=true"])
+    trainer = Trainer(cfg)
+    assert trainer.forward_model is trainer.model
+    assert "warning: torch.compile failed (RuntimeError: no working C++ compiler); training eagerly" \
+        in capsys.readouterr().err
+    assert trainer.train()["status"] == "finished"
+
+
 def test_real_divergence_exits_3(data_dir, tmp_path):
     """No norm and an absurd learning rate: the loss overflows within a few steps."""
     proc = run_script("train.py", f"--data_dir={data_dir}", "--out_dir=out", *TINY_TRAIN_ARGS,
@@ -203,6 +275,8 @@ def test_real_divergence_exits_3(data_dir, tmp_path):
     assert "diverged: non-finite loss at iteration" in proc.stderr and "Traceback" not in proc.stderr
     s = summary(tmp_path / "out")
     assert s["status"] == "diverged" and s["diverged_at"] == s["iter"] < 50
+    ckpt = load_checkpoint(str(tmp_path / "out" / "ckpt.pt"))
+    assert ckpt["iter"] == 0 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
 
 
 def test_summary_of_a_finished_run(data_dir, tmp_path):

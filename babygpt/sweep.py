@@ -1,0 +1,200 @@
+"""Run many trainings: a list of config overrides x seeds, each a separate train.py process.
+
+Each run gets its own ``out_dir`` under ``<root>/runs/<name>`` and a log under
+``<root>/logs/<name>.log``. A run whose ``summary.json`` says it finished or diverged
+is not run again, and one that was killed resumes from its checkpoint, so a killed
+sweep picks up where it stopped when started again. ``results.csv`` collects one row per
+run, read from each run's ``summary.json`` and ``config.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from .config import FIELDS
+from .errors import BabyGPTError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN_PY = os.path.join(ROOT, "train.py")
+DONE = ("finished", "diverged")
+COLUMNS = ["name", "seed", "status", "exit_code", "diverged_at", "first_nonfinite_at", "iter",
+           "final_train_loss", "final_val_loss", "best_val_loss", "wall_time_s", "num_params", "out_dir"]
+
+
+def _fmt(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@dataclass
+class Run:
+    overrides: dict  # config key -> value
+    seed: int
+    config: str | None = None  # an optional config file, applied before the overrides
+    label: str = ""  # what the run is called in tables; defaults to the overrides
+    name: str = field(init=False)
+
+    def __post_init__(self):
+        unknown = [k for k in self.overrides if k not in FIELDS]
+        if unknown:
+            raise BabyGPTError(f"unknown config key(s) in sweep: {', '.join(unknown)}")
+        parts = [f"{k}={_fmt(v)}" for k, v in self.overrides.items()]
+        if self.config:
+            parts.insert(0, os.path.splitext(os.path.basename(self.config))[0])
+        self.label = self.label or ",".join(parts) or "default"
+        self.name = "__".join([*parts, f"seed={self.seed}"]).replace("/", "_")
+
+
+def grid(axes: dict[str, list]) -> list[dict]:
+    """The cartesian product of ``{key: [values]}`` as a list of override dicts."""
+    combos: list[dict] = [{}]
+    for key, values in axes.items():
+        combos = [{**c, key: v} for c in combos for v in values]
+    return combos
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+class Sweep:
+    def __init__(self, root: str, runs: list[Run], base_args: list[str] = (), jobs: int = 1):
+        names = [r.name for r in runs]
+        if len(set(names)) != len(names):
+            raise BabyGPTError("the sweep lists the same run twice")
+        self.root, self.runs, self.base_args, self.jobs = root, runs, list(base_args), jobs
+
+    def out_dir(self, run: Run) -> str:
+        return os.path.join(self.root, "runs", run.name)
+
+    def status(self, run: Run) -> str | None:
+        summary = _read_json(os.path.join(self.out_dir(run), "summary.json"))
+        return summary["status"] if summary else None
+
+    def _command(self, run: Run) -> list[str]:
+        out = self.out_dir(run)
+        resume = os.path.exists(os.path.join(out, "ckpt.pt"))  # a killed or interrupted run
+        args = [sys.executable, TRAIN_PY]
+        if run.config:
+            args.append(run.config)
+        args += self.base_args + [f"--{k}={_fmt(v)}" for k, v in run.overrides.items()]
+        args += [f"--seed={run.seed}", f"--out_dir={out}", f"--init_from={'resume' if resume else 'scratch'}"]
+        return args
+
+    def _execute(self, run: Run) -> int:
+        os.makedirs(os.path.join(self.root, "logs"), exist_ok=True)
+        env = dict(os.environ)
+        if self.jobs > 1:  # share the cores instead of oversubscribing them
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.jobs)))
+        with open(os.path.join(self.root, "logs", run.name + ".log"), "a", encoding="utf-8") as log:
+            return subprocess.run(self._command(run), stdout=log, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, env=env).returncode
+
+    def run(self, progress: bool = True) -> list[dict]:
+        """Run what is not done yet, then write and return the results rows."""
+        todo = [r for r in self.runs if self.status(r) not in DONE]
+        codes: dict[str, int] = {}
+        with tqdm(total=len(self.runs), initial=len(self.runs) - len(todo), desc="runs", unit="run",
+                  disable=not progress, dynamic_ncols=True) as bar:
+            with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+                for run, code in zip(todo, pool.map(self._execute, todo)):
+                    codes[run.name] = code
+                    bar.update(1)
+                    bar.set_postfix_str(f"{run.name}: {self.status(run) or f'exit {code}'}")
+        rows = [self.result(r, codes.get(r.name)) for r in self.runs]
+        self.write_csv(rows)
+        return rows
+
+    def result(self, run: Run, exit_code: int | None) -> dict:
+        out = self.out_dir(run)
+        summary = _read_json(os.path.join(out, "summary.json")) or {}
+        info = _read_json(os.path.join(out, "config.json")) or {}
+        row = {"name": run.name, "label": run.label, "seed": run.seed, "exit_code": exit_code,
+               "status": summary.get("status", "failed"), "num_params": info.get("num_params"),
+               "out_dir": out}
+        for key in COLUMNS:
+            row.setdefault(key, summary.get(key))
+        row.update({f"cfg.{k}": v for k, v in run.overrides.items()})
+        return row
+
+    def write_csv(self, rows: list[dict]) -> str:
+        path = os.path.join(self.root, "results.csv")
+        os.makedirs(self.root, exist_ok=True)
+        keys = ["label", *COLUMNS] + sorted({k for r in rows for k in r if k.startswith("cfg.")})
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+        return path
+
+
+def parse_value(text: str):
+    """A grid value from the command line: int, float, true/false, none, or a string."""
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered == "none":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    from .cli import OneLineParser
+
+    p = OneLineParser(prog="experiments/sweep.py",
+                      description="Run train.py over a grid of config overrides x seeds.",
+                      formatter_class=argparse.RawDescriptionHelpFormatter,
+                      epilog="example: python experiments/sweep.py config/prenorm_rms.py "
+                             "--grid norm_type=layernorm,rmsnorm --grid learning_rate=1e-3,3e-3 "
+                             "--seeds 0,1,2 --set max_iters=500 --out results/my_sweep")
+    p.add_argument("config", nargs="?", help="config file applied to every run")
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...", help="one grid axis")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="fixed for every run")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds (default: 0)")
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel (default: 1)")
+    p.add_argument("--out", default="results/sweep", help="sweep directory (default: results/sweep)")
+    p.add_argument("--debug", action="store_true", help="show a traceback on errors")
+    args = p.parse_args(argv)
+    axes = {}
+    for spec in args.grid:
+        key, eq, values = spec.partition("=")
+        if not eq or not values:
+            raise BabyGPTError(f"malformed --grid '{spec}'; write --grid key=value1,value2")
+        axes[key] = [parse_value(v) for v in values.split(",")]
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        raise BabyGPTError(f"--seeds must be comma-separated integers, got '{args.seeds}'") from None
+    if args.jobs < 1:
+        raise BabyGPTError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.config and not os.path.isfile(args.config):
+        raise BabyGPTError(f"config file '{args.config}' not found; check the path")
+    base = [f"--{s}" for s in args.set]
+    runs = [Run(o, seed, args.config) for o in grid(axes) for seed in seeds]
+    rows = Sweep(args.out, runs, base, args.jobs).run()
+    failed = [r for r in rows if r["status"] not in DONE]
+    for r in rows:
+        print(f"{r['name']}: {r['status']}, final val {r['final_val_loss']}, best val {r['best_val_loss']}")
+    print(f"results: {os.path.join(args.out, 'results.csv')}")
+    if failed:
+        logs = os.path.join(args.out, "logs")
+        raise BabyGPTError(f"{len(failed)} run(s) failed (e.g. {failed[0]['name']}); see {logs}/")
+    return 0
