@@ -92,6 +92,8 @@ def sample_main(argv: list[str]) -> int:
     p.add_argument("--top_k", type=int, default=None, help="sample only among the k likeliest characters")
     p.add_argument("--seed", type=int, default=1337, help="random seed")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    p.add_argument("--no_kv_cache", action="store_true",
+                   help="recompute the whole context at every step (slower; the same text)")
     p.add_argument("--debug", action="store_true", help="show a traceback on errors")
     return sample_cli(p.parse_args(argv))
 

@@ -69,6 +69,27 @@ def model_config_problems(cfg) -> list[str]:
     return problems
 
 
+class KVCache:
+    """Keys and values of the positions seen so far, one slot per layer, for fast sampling.
+
+    Preallocated to ``block_size`` positions: a sequence never needs more, since the model
+    cannot attend further back than its position embeddings reach.
+    """
+
+    def __init__(self, cfg: GPTConfig, batch: int, device, dtype):
+        shape = (cfg.n_layer, batch, cfg.n_head, cfg.block_size, cfg.n_embd // cfg.n_head)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (L, B, H, block_size, D)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.length = 0  # positions filled so far (the same for every layer after a forward)
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Store this forward's k, v (B, H, T, D) for ``layer``; return all of them so far."""
+        end = self.length + k.shape[2]
+        self.k[layer, :, :, self.length:end] = k
+        self.v[layer, :, :, self.length:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, H, length + T, D)
+
+
 class MultiHeadAttention(nn.Module):
     """Causal self-attention: one fused projection to q, k, v, then H heads in parallel."""
 
@@ -80,13 +101,19 @@ class MultiHeadAttention(nn.Module):
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)  # writes into the residual stream
         self.resid_drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
         # (B, T, C) -> (B, H, T, D): heads become a batch dimension
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        causal = True
+        if cache is not None:
+            if cache.length and T != 1:
+                raise ValueError("a KV cache takes either a whole prompt (empty cache) or one token")
+            causal = cache.length == 0  # one new token may attend to every cached position
+            k, v = cache.append(layer, k, v)  # (B, H, length + T, D)
         y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            q, k, v, is_causal=causal, dropout_p=self.dropout if self.training else 0.0
         )  # (B, H, T, D); position t attends to positions <= t only
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_drop(self.proj(y))
@@ -132,12 +159,13 @@ class Block(nn.Module):
         self.ln2 = build_norm(cfg.norm_type, cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
         self.ffwd = FeedForward(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        # (B, T, C) -> (B, T, C); cache and layer are only used when sampling with a KV cache
         if self.placement == "pre":
-            x = x + self.sa(self.ln1(x))
+            x = x + self.sa(self.ln1(x), cache, layer)
             x = x + self.ffwd(self.ln2(x))
         else:  # "post"
-            x = self.ln1(x + self.sa(x))
+            x = self.ln1(x + self.sa(x, cache, layer))
             x = self.ln2(x + self.ffwd(x))
         return x
 
@@ -177,16 +205,20 @@ class GPT(nn.Module):
         """Number of distinct parameters (the tied embedding counted once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
         """idx, targets: (B, T) token ids. Returns logits (B, T, V) and the mean
-        cross-entropy loss (a scalar; None without targets)."""
+        cross-entropy loss (a scalar; None without targets). With a ``cache``, idx continues
+        the sequence already in it (its positions start at ``cache.length``)."""
         B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        pos = torch.arange(T, device=idx.device)  # (T,)
+        start = cache.length if cache is not None else 0
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence length {start + T} exceeds block_size {self.config.block_size}")
+        pos = torch.arange(start, start + T, device=idx.device)  # (T,)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, C)
-        for block in self.blocks:
-            x = block(x)  # (B, T, C)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cache, layer)  # (B, T, C)
+        if cache is not None:
+            cache.length += T
         x = self.ln_f(x)
         logits = self.lm_head(x)  # (B, T, V)
         loss = None
@@ -194,19 +226,41 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
         return logits, loss
 
+    def context_start(self, length: int) -> int:
+        """Where the context window starts when the sequence so far has ``length`` tokens.
+
+        Learned absolute positions mean that sliding the window by one token changes every
+        position, so nothing cached survives a slide. The window therefore slides in jumps
+        of block_size // 8: it keeps between 7/8 and all of block_size tokens, and the KV
+        cache is rebuilt once per jump instead of once per token. Sampling with and without
+        the cache follows this same rule, so both give the same tokens."""
+        block, jump = self.config.block_size, max(1, self.config.block_size // 8)
+        if length <= block:
+            return 0
+        return -(-(length - block) // jump) * jump  # the first multiple of jump that fits
+
     @torch.no_grad()
     def generate_iter(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                      top_k: int | None = None, generator: torch.Generator | None = None
-                      ) -> Iterator[torch.Tensor]:
-        """Yield one (B, 1) tensor of new token ids per step, conditioning on the
-        last ``block_size`` tokens. ``temperature`` 0 means greedy (argmax)."""
+                      top_k: int | None = None, generator: torch.Generator | None = None,
+                      use_cache: bool = True) -> Iterator[torch.Tensor]:
+        """Yield one (B, 1) tensor of new token ids per step. ``temperature`` 0 means greedy
+        (argmax). With ``use_cache``, keys and values of the context are kept between steps
+        (KVCache) so that each step runs the model on one new token only."""
         if not (math.isfinite(temperature) and temperature >= 0):
             raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
         if top_k is not None and not 1 <= top_k <= self.config.vocab_size:
             raise ValueError(f"top_k must be in 1..{self.config.vocab_size}, got {top_k}")
+        cache, cache_start = None, -1
         for _ in range(max_new_tokens):
-            context = idx[:, -self.config.block_size:]  # (B, <=block_size)
-            logits = self(context)[0][:, -1, :].float()  # (B, V), next-token logits
+            start = self.context_start(idx.shape[1])
+            if not use_cache:
+                logits = self(idx[:, start:])[0]  # the whole window, recomputed
+            elif start != cache_start:  # first step, or the window jumped: fill a new cache
+                cache, cache_start = KVCache(self.config, idx.shape[0], idx.device, self.tok_emb.weight.dtype), start
+                logits = self(idx[:, start:], cache=cache)[0]
+            else:
+                logits = self(idx[:, -1:], cache=cache)[0]  # only the newest token
+            logits = logits[:, -1, :].float()  # (B, V), next-token logits
             if temperature == 0:
                 next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
             else:
@@ -222,9 +276,10 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+                 top_k: int | None = None, generator: torch.Generator | None = None,
+                 use_cache: bool = True) -> torch.Tensor:
         """Extend idx (B, T) by max_new_tokens sampled tokens; returns (B, T + max_new_tokens)."""
-        new = list(self.generate_iter(idx, max_new_tokens, temperature, top_k, generator))
+        new = list(self.generate_iter(idx, max_new_tokens, temperature, top_k, generator, use_cache))
         return torch.cat([idx, *new], dim=1)
 
     def configure_optimizers(self, weight_decay: float, learning_rate: float,

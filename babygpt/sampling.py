@@ -59,7 +59,8 @@ def sample_cli(args) -> int:
     out = sys.stdout
     for i in range(args.num_samples):
         out.write(prompt)
-        for next_id in model.generate_iter(idx, args.max_new_tokens, args.temperature, args.top_k, generator):
+        for next_id in model.generate_iter(idx, args.max_new_tokens, args.temperature, args.top_k, generator,
+                                           use_cache=not args.no_kv_cache):
             out.write(tok.decode(next_id[0].tolist()))
             out.flush()
         out.write("\n" + "-" * 40 + "\n")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from .config import FIELDS
+from .config import FIELDS, load_config, to_dict
 from .errors import BabyGPTError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,8 +101,24 @@ class Sweep:
             return subprocess.run(self._command(run), stdout=log, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, env=env).returncode
 
+    def _check_same_settings(self, run: Run) -> None:
+        """A run already on disk must have been made with the settings asked for now; otherwise
+        its results would be silently mixed into a table that claims other settings."""
+        info = _read_json(os.path.join(self.out_dir(run), "config.json"))
+        if info is None:
+            return
+        wanted = to_dict(load_config(self._command(run)[2:-2]))  # without --out_dir and --init_from
+        had = (info.get("resumes") or [info])[-1]["config"]  # the settings of its latest start
+        diffs = [k for k in wanted if k not in ("out_dir", "init_from") and had.get(k) != wanted[k]]
+        if diffs:
+            shown = ", ".join(f"{k}={had.get(k)!r} there, {wanted[k]!r} now" for k in diffs[:4])
+            raise BabyGPTError(f"{self.out_dir(run)} was run with other settings ({shown}); "
+                               f"use another --out, or delete that directory to run it again")
+
     def run(self, progress: bool = True) -> list[dict]:
         """Run what is not done yet, then write and return the results rows."""
+        for run in self.runs:
+            self._check_same_settings(run)
         todo = [r for r in self.runs if self.status(r) not in DONE]
         codes: dict[str, int] = {}
         with tqdm(total=len(self.runs), initial=len(self.runs) - len(todo), desc="runs", unit="run",

@@ -334,7 +334,7 @@ class Trainer:
         window.clear()
         return losses
 
-    def _step(self, lr: float) -> torch.Tensor:
+    def step(self, lr: float) -> torch.Tensor:
         """One optimizer step (with gradient accumulation); returns the step's mean loss,
         detached and left on the device so that no host-device sync happens here."""
         cfg = self.cfg
@@ -405,7 +405,7 @@ class Trainer:
                     save_checkpoint(self._state(), self.ckpt_path)
                     return "interrupted"
                 lr = lr_at(self.iter, cfg)
-                window.append(self._step(lr))
+                window.append(self.step(lr))
                 self.iter += 1
                 bar.update(1)
                 is_eval = self.iter % cfg.eval_interval == 0 or self.iter == cfg.max_iters

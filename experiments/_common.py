@@ -21,7 +21,7 @@ DEFAULT_BUDGET = {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "b
                   "max_iters": 500, "eval_interval": 50, "eval_iters": 10, "log_interval": 10,
                   "warmup_iters": 50, "dropout": 0.0}
 QUICK_BUDGET = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "batch_size": 8,
-                "max_iters": 20, "eval_interval": 10, "eval_iters": 2, "log_interval": 5,
+                "max_iters": 10, "eval_interval": 5, "eval_iters": 2, "log_interval": 5,
                 "warmup_iters": 5, "dropout": 0.0}
 
 
@@ -53,6 +53,20 @@ def budget_args(args, extra: dict | None = None) -> list[str]:
     budget.update(extra or {})
     return [f"--{k}={v}" for k, v in budget.items()] + [f"--data_dir={args.data_dir}"] + \
         [f"--{s}" for s in args.set]
+
+
+def finished_rows(sweep) -> dict:
+    """Run the sweep; its rows by run name. Runs that crashed or were refused (not finished, not
+    diverged) stop the experiment with a pointer to their logs."""
+    from babygpt.errors import BabyGPTError
+    from babygpt.sweep import DONE
+
+    rows = sweep.run()
+    failed = [r["name"] for r in rows if r["status"] not in DONE]
+    if failed:
+        raise BabyGPTError(f"{len(failed)} of {len(rows)} runs failed (first: {failed[0]}); "
+                           f"see {os.path.join(sweep.root, 'logs', failed[0] + '.log')}")
+    return {r["name"]: r for r in rows}
 
 
 def mean_std(values: list[float]) -> str:

@@ -56,7 +56,7 @@ def main(argv):
     if args.quick:
         width, depth, depths, batches, bs, ctx = 32, 4, [2, 4], 4, 8, 16
     else:
-        width, depth, depths, batches, bs, ctx = 128, 8, [2, 4, 6, 8, 12, 16], 64, 32, 64
+        width, depth, depths, batches, bs, ctx = 128, 8, [2, 4, 8, 12], 32, 32, 64
     common = dict(width=width, data=train, vocab=tok.vocab_size, batches=batches, batch_size=bs, block_size=ctx)
 
     per_layer = {pl: ffn_grad_norms(pl, depth, **common) for pl in PLACEMENTS}

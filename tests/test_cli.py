@@ -107,6 +107,14 @@ def test_sample_greedy_is_reproducible_and_reads_file_prompts(run_dir):
     assert from_file.stdout == inline.stdout and from_file.stdout.startswith("12: To be")
 
 
+def test_sample_kv_cache_and_recomputation_print_the_same_text(run_dir):
+    work, _ = run_dir
+    args = ["--ckpt=out/ckpt.pt", "--start=To be", "--num_samples=2", "--max_new_tokens=60", "--device=cpu"]
+    cached = run("sample.py", *args, cwd=work)
+    recomputed = run("sample.py", *args, "--no_kv_cache", cwd=work)
+    assert cached.returncode == 0 and cached.stdout == recomputed.stdout
+
+
 def test_sample_rejects_out_of_vocabulary_prompt(run_dir):
     work, _ = run_dir
     proc = run("sample.py", "--ckpt=out/ckpt.pt", "--start=Zebra!", "--device=cpu", cwd=work)

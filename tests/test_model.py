@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from babygpt.model import GPT, Block, GPTConfig
+from babygpt.model import GPT, Block, GPTConfig, KVCache
 from babygpt.norms import NORMS, LayerNorm, NoNorm, RMSNorm
 from conftest import GRID, GRID_IDS, tiny_config
 
@@ -224,3 +224,50 @@ def test_sequence_longer_than_block_size_is_rejected():
 
 def test_gptconfig_defaults_are_valid():
     assert GPTConfig().use_final_norm
+
+
+# ------------------------------------------------------------------ KV cache
+
+@pytest.mark.parametrize("placement,norm", GRID, ids=GRID_IDS)
+def test_kv_cache_logits_match_full_forward(placement, norm):
+    """Prefill a prompt, then feed one token at a time: every step's logits equal those of a
+    full forward pass over the same positions."""
+    cfg = tiny_config(norm_placement=placement, norm_type=norm)
+    model = GPT(cfg).eval()
+    x = torch.randint(cfg.vocab_size, (3, cfg.block_size))
+    cache = KVCache(cfg, 3, "cpu", torch.float32)
+    steps = [model(x[:, :5], cache=cache)[0]]
+    steps += [model(x[:, t:t + 1], cache=cache)[0] for t in range(5, cfg.block_size)]
+    assert_close(torch.cat(steps, dim=1), model(x)[0])
+    assert cache.length == cfg.block_size
+
+
+@pytest.mark.parametrize("prompt_len,new", [(3, 10), (3, 60), (40, 30)], ids=["short", "past-block", "long-prompt"])
+def test_kv_cache_sampling_equals_full_recomputation(prompt_len, new):
+    """Greedy and seeded sampling give identical tokens with and without the cache, including
+    prompts longer than block_size and generation far past it (the window jumps)."""
+    cfg = tiny_config()
+    model = GPT(cfg).eval()
+    idx = torch.randint(cfg.vocab_size, (2, prompt_len))
+    assert torch.equal(model.generate(idx, new, temperature=0, use_cache=True),
+                       model.generate(idx, new, temperature=0, use_cache=False))
+    sample = lambda cached: model.generate(idx, new, 1.0, 5, torch.Generator().manual_seed(7), cached)  # noqa: E731
+    assert torch.equal(sample(True), sample(False))
+
+
+def test_context_window_jumps_keep_most_of_the_block():
+    model = GPT(tiny_config(block_size=16))
+    starts = [model.context_start(n) for n in range(1, 60)]
+    assert starts[:16] == [0] * 16  # the whole sequence while it fits
+    for n, s in zip(range(1, 60), starts):
+        assert 0 <= n - s <= 16 and (n <= 16 or n - s > 16 - 2)  # jumps of block_size // 8 = 2
+    assert starts == sorted(starts)
+
+
+def test_kv_cache_rejects_more_than_one_token_after_prefill():
+    cfg = tiny_config()
+    model = GPT(cfg).eval()
+    cache = KVCache(cfg, 1, "cpu", torch.float32)
+    model(torch.zeros(1, 4, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="one token"):
+        model(torch.zeros(1, 2, dtype=torch.long), cache=cache)

@@ -1,0 +1,183 @@
+"""How fast is a configuration? ``python bench.py [CONFIG.py] [--key=value ...] [--json PATH]``.
+
+Measures, for the model and batch the config describes:
+  - training: tokens/s and ms per optimizer step (median of several timed windows, after
+    warm-up), through the exact step that train.py runs;
+  - peak memory: the process's max RSS, and CUDA max allocated when on a GPU;
+  - model FLOP/s and MFU: 6 * params + attention FLOPs per token, against a matmul peak
+    measured here for the same device and dtype;
+  - sampling tokens/s at batch 1, with and without the KV cache.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+from .config import load_config
+from .errors import BabyGPTError
+from .runtime import DTYPES, autocast
+
+BENCH_FLAGS = {"--json": None, "--windows": 5, "--window_iters": 10, "--sample_tokens": 500}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_peak(device: torch.device, dtype: str, n: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of an n x n matmul in ``dtype`` on ``device``: the ceiling MFU is measured against."""
+    a = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
+    b = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
+    a @ b  # warm-up
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t = time.perf_counter()
+        a @ b
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    return 2 * n**3 / statistics.median(times)
+
+
+def flops_per_token(model) -> float:
+    """Training FLOPs per token: 6 per parameter (forward 2, backward 4) for the matmuls, plus
+    attention's scores and weighted sum, 12 * n_layer * n_embd * T (Kaplan et al. 2020, sec. 2.1)."""
+    cfg = model.config
+    n_params = model.num_params() - model.pos_emb.weight.numel()  # lookups are not matmuls
+    return 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
+
+
+def bench_training(trainer, windows: int, window_iters: int) -> dict:
+    cfg, device = trainer.cfg, trainer.device
+    trainer.forward_model.train()
+    for _ in range(3):  # warm-up: allocator, compile, caches
+        trainer.step(cfg.learning_rate)
+    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(windows):
+        t = time.perf_counter()
+        for _ in range(window_iters):
+            loss = trainer.step(cfg.learning_rate)
+        loss.item()  # wait for the last step, as a real logging step would
+        _sync(device)
+        times.append((time.perf_counter() - t) / window_iters)
+    step = statistics.median(times)
+    tokens = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps
+    return {"ms_per_iter": 1e3 * step, "tokens_per_s": tokens / step,
+            "ms_per_iter_windows": [round(1e3 * t, 3) for t in times]}
+
+
+def bench_sampling(model, device: torch.device, dtype: str, new_tokens: int, use_cache: bool) -> float:
+    model.eval()
+    idx = torch.zeros(1, 1, dtype=torch.long, device=device)
+    gen = lambda n: model.generate(idx, n, temperature=1.0, use_cache=use_cache,  # noqa: E731
+                                   generator=torch.Generator(device=device).manual_seed(0))
+    with autocast(device, dtype):
+        gen(min(20, new_tokens))  # warm-up
+        _sync(device)
+        t = time.perf_counter()
+        gen(new_tokens)
+        _sync(device)
+    return new_tokens / (time.perf_counter() - t)
+
+
+def run_bench(argv: list[str]) -> tuple[dict, str | None]:
+    from .trainer import Trainer
+
+    opts, rest = dict(BENCH_FLAGS), []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if key in BENCH_FLAGS:
+            if not eq:
+                raise BabyGPTError(f"malformed argument '{arg}'; write {key}=VALUE")
+            opts[key] = value
+        else:
+            rest.append(arg)
+    try:
+        windows, window_iters, sample_tokens = (int(opts[k]) for k in ("--windows", "--window_iters",
+                                                                      "--sample_tokens"))
+    except ValueError:
+        raise BabyGPTError("--windows, --window_iters and --sample_tokens take integers") from None
+    if min(windows, window_iters, sample_tokens) <= 0:
+        raise BabyGPTError("--windows, --window_iters and --sample_tokens must be positive")
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = load_config([*rest, f"--out_dir={tmp}/run", "--init_from=scratch"])
+        trainer = Trainer(cfg, argv)
+        device, model = trainer.device, trainer.model
+        train = bench_training(trainer, windows, window_iters)
+    peak = matmul_peak(device, cfg.dtype)
+    fpt = flops_per_token(model)
+    result = {
+        "config": {k: getattr(cfg, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size",
+                                                "norm_type", "norm_placement", "dtype", "compile")},
+        "device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "params": model.num_params(),
+        **train,
+        "model_flops_per_s": fpt * train["tokens_per_s"],
+        "matmul_peak_flops_per_s": peak,
+        "mfu": fpt * train["tokens_per_s"] / peak,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "cuda_max_allocated_mb": torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None,
+        "sample_tokens": sample_tokens,
+        "sample_tokens_per_s_cached": bench_sampling(model, device, cfg.dtype, sample_tokens, True),
+        "sample_tokens_per_s_uncached": bench_sampling(model, device, cfg.dtype, sample_tokens, False),
+    }
+    result["kv_cache_speedup"] = result["sample_tokens_per_s_cached"] / result["sample_tokens_per_s_uncached"]
+    return result, opts["--json"]
+
+
+def format_table(r: dict) -> str:
+    c = r["config"]
+    rows = [
+        ("model", f"{c['n_layer']} layers x {c['n_embd']} wide, {c['n_head']} heads, ctx {c['block_size']}, "
+                  f"batch {c['batch_size']}, {c['norm_placement']}-{c['norm_type']}, {r['params'] / 1e6:.2f} M params"),
+        ("device / dtype", f"{r['device']} / {c['dtype']}{' + compile' if c['compile'] else ''}, "
+                           f"{r['threads']} threads, torch {r['torch']}"),
+        ("train tokens/s", f"{r['tokens_per_s']:,.0f}"),
+        ("train ms/iter", f"{r['ms_per_iter']:.1f} (median of windows {r['ms_per_iter_windows']})"),
+        ("model FLOP/s", f"{r['model_flops_per_s'] / 1e9:.1f} GFLOP/s"),
+        ("matmul peak", f"{r['matmul_peak_flops_per_s'] / 1e9:.1f} GFLOP/s ({c['dtype']})"),
+        ("MFU", f"{100 * r['mfu']:.1f}%"),
+        ("peak RSS", f"{r['peak_rss_mb']:.0f} MB"),
+    ]
+    if r["cuda_max_allocated_mb"] is not None:
+        rows.append(("CUDA max allocated", f"{r['cuda_max_allocated_mb']:.0f} MB"))
+    rows += [
+        (f"sample tokens/s ({r['sample_tokens']} new)", f"{r['sample_tokens_per_s_cached']:,.0f} with KV cache, "
+                                                        f"{r['sample_tokens_per_s_uncached']:,.0f} without "
+                                                        f"({r['kv_cache_speedup']:.1f}x)"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def main(argv: list[str]) -> int:
+    if "-h" in argv or "--help" in argv:
+        print(__doc__.strip())
+        print("\nbench flags: --json=PATH, --windows=N (5), --window_iters=N (10), --sample_tokens=N (500);"
+              "\nevery other --key=value is a training config key (python train.py --help).")
+        return 0
+    result, json_path = run_bench(argv)
+    print(format_table(result))
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2)
+        print(f"wrote {json_path}")
+    return 0 if math.isfinite(result["tokens_per_s"]) else 1
+
+
+if __name__ == "__main__":
+    from .cli import run
+
+    sys.exit(run(main, sys.argv[1:]))

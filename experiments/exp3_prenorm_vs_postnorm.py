@@ -1,0 +1,73 @@
+"""Experiment 3: Pre-LN vs Post-LN as depth grows, with and without learning-rate warmup.
+
+Xiong et al. 2020 (arXiv:2002.04745) report that Post-LN needs warmup and that the need grows
+with depth, while Pre-LN trains without it. Here: LayerNorm, Pre-LN and Post-LN, at 4, 8 and 12
+layers, each with warmup (100 iterations) and without (0), all at the same learning rate and budget
+(_common.DEFAULT_BUDGET otherwise), seed 0.
+
+    python experiments/exp3_prenorm_vs_postnorm.py [--quick] [--lr LR] [--depths 4,8,12] [--out DIR]
+
+Writes results.csv (one row per run), prenorm_vs_postnorm.png and report.md.
+"""
+
+import os
+import time
+
+import _common
+
+from babygpt.plot import load_run, new_figure, plot_runs, save
+from babygpt.sweep import Run, Sweep
+
+PLACEMENTS = ["pre", "post"]
+
+
+def main(argv):
+    p = _common.training_parser("exp3_prenorm_vs_postnorm", __doc__.splitlines()[0])
+    p.add_argument("--lr", type=float, default=3e-3, help="learning rate of every run (default 3e-3)")
+    p.add_argument("--depths", default=None, help="comma-separated n_layer values (default 4,8,12; quick 2)")
+    p.add_argument("--warmup", type=int, default=None, help="warmup iterations of the warmup runs (default 100)")
+    args = p.parse_args(argv)
+    started = time.time()
+    out = _common.out_dir(args, "exp3_prenorm_vs_postnorm")
+    depths = [int(d) for d in (args.depths or ("2" if args.quick else "4,8,12")).split(",")]
+    warmups = [0, args.warmup or (5 if args.quick else 100)]
+
+    runs = {}
+    for depth in depths:
+        for placement in PLACEMENTS:
+            for warmup in warmups:
+                runs[depth, placement, warmup] = Run(
+                    {"n_layer": depth, "norm_placement": placement, "norm_type": "layernorm",
+                     "warmup_iters": warmup, "learning_rate": args.lr, "min_lr": args.lr / 10}, 0,
+                    label=f"{placement}-LN, warmup {warmup}")
+    sweep = Sweep(out, list(runs.values()), _common.budget_args(args), args.jobs)
+    rows = _common.finished_rows(sweep)
+
+    table = []
+    for (depth, placement, warmup), run in runs.items():
+        r = rows[run.name]
+        table.append([depth, f"{placement}-LN", warmup, r["status"], r["diverged_at"] or "—",
+                      f"{r['final_val_loss']:.3f}" if r["final_val_loss"] is not None else "—",
+                      f"{r['best_val_loss']:.3f}" if r["best_val_loss"] is not None else "—",
+                      f"{r['wall_time_s']:.1f}" if r["wall_time_s"] is not None else "—"])
+
+    fig, axes = new_figure(1, len(depths), figsize=(5.5 * len(depths), 4.5), squeeze=False)
+    for ax, depth in zip(axes[0], depths):
+        keys = [(depth, pl, w) for pl in PLACEMENTS for w in warmups]
+        plot_runs(ax, [load_run(sweep.out_dir(runs[k])) for k in keys],
+                  [runs[k].label for k in keys], train_loss=False)
+        ax.set_title(f"{depth} layers, lr {args.lr:g}")
+    save(fig, os.path.join(out, "prenorm_vs_postnorm.png"))
+
+    budget = _common.QUICK_BUDGET if args.quick else _common.DEFAULT_BUDGET
+    header = ["n_layer", "placement", "warmup", "status", "diverged at", "final val", "best val", "train time (s)"]
+    body = (f"Budget per run: {budget} (n_layer and warmup_iters as listed); lr {args.lr:g}, "
+            f"min_lr {args.lr / 10:g}, LayerNorm, seed 0.\n\n" + _common.markdown_table(header, table)
+            + "\n\n![](prenorm_vs_postnorm.png)")
+    _common.write_report(os.path.join(out, "report.md"), "Pre-LN vs Post-LN, depth and warmup",
+                         _common.command_line(), body, started)
+    return 0
+
+
+if __name__ == "__main__":
+    _common.main(main)

@@ -1,0 +1,25 @@
+"""bench.py end to end on a tiny model (figures are printed, never asserted against a speed)."""
+
+import json
+
+from conftest import TINY_TRAIN_ARGS, prepare_small_data, run_script
+
+
+def test_bench_prints_table_and_writes_json(tmp_path):
+    data = prepare_small_data(tmp_path)
+    proc = run_script("bench.py", *TINY_TRAIN_ARGS, f"--data_dir={data}", "--windows=2", "--window_iters=2",
+                      "--sample_tokens=40", "--json=bench.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for label in ("train tokens/s", "train ms/iter", "MFU", "peak RSS", "matmul peak", "sample tokens/s"):
+        assert label in proc.stdout
+    r = json.loads((tmp_path / "bench.json").read_text())
+    assert r["tokens_per_s"] > 0 and r["ms_per_iter"] > 0 and len(r["ms_per_iter_windows"]) == 2
+    assert 0 < r["mfu"] < 1 and r["matmul_peak_flops_per_s"] > 0
+    assert r["sample_tokens_per_s_cached"] > 0 and r["sample_tokens_per_s_uncached"] > 0
+    assert r["config"]["n_layer"] == 2 and r["peak_rss_mb"] > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "corpus.txt", "data"]  # no run dir left
+
+
+def test_bench_bad_flag(tmp_path):
+    proc = run_script("bench.py", "--windows=many", cwd=tmp_path)
+    assert proc.returncode == 2 and "take integers" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,124 @@
+"""The sweep engine, the plot module and every experiment's --quick mode."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from babygpt.errors import BabyGPTError
+from babygpt.plot import diverged_at, load_run
+from babygpt.sweep import Run, Sweep, grid
+from conftest import ROOT, TINY_TRAIN_ARGS, prepare_small_data, run_script
+
+BASE = [a for a in TINY_TRAIN_ARGS if not a.startswith("--device")]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return prepare_small_data(tmp_path_factory.mktemp("exp"))
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_grid_and_run_names():
+    combos = grid({"norm_type": ["layernorm", "rmsnorm"], "learning_rate": [1e-3, 3e-3]})
+    assert len(combos) == 4 and {"norm_type": "rmsnorm", "learning_rate": 3e-3} in combos
+    run = Run({"norm_type": "rmsnorm", "learning_rate": 0.001}, seed=2, config="config/prenorm_ln.py")
+    assert run.name == "prenorm_ln__norm_type=rmsnorm__learning_rate=0.001__seed=2"
+    with pytest.raises(BabyGPTError, match="unknown config key"):
+        Run({"learnig_rate": 1e-3}, 0)
+
+
+DIVERGING = {"norm_type": "none", "learning_rate": 1e6, "grad_clip": 0.0, "warmup_iters": 0,
+             "min_lr": 0.0, "log_interval": 1}
+
+
+@pytest.fixture(scope="module")
+def small_sweep(data_dir, tmp_path_factory):
+    """A finished two-run sweep: one normal run, one that diverges."""
+    runs = [Run({"norm_type": "rmsnorm"}, 0), Run(DIVERGING, 0)]
+    sweep = Sweep(str(tmp_path_factory.mktemp("sweep")), runs,
+                  BASE + [f"--data_dir={data_dir}", "--max_iters=20"], jobs=2)
+    return sweep, runs, sweep.run(progress=False)
+
+
+def test_sweep_runs_skips_finished_resumes_killed_and_reads_divergence(small_sweep):
+    sweep, runs, first = small_sweep
+    rows = {r["name"]: r for r in first}
+    ok, bad = rows[runs[0].name], rows[runs[1].name]
+    assert ok["status"] == "finished" and ok["exit_code"] == 0 and ok["final_val_loss"] < 3.4
+    assert bad["status"] == "diverged" and bad["exit_code"] == 3 and bad["diverged_at"] >= 1
+    on_disk = read_csv(os.path.join(sweep.root, "results.csv"))
+    assert [r["status"] for r in on_disk] == ["finished", "diverged"]
+    assert on_disk[0]["cfg.norm_type"] == "rmsnorm" and int(on_disk[0]["num_params"]) > 0
+
+    # Done runs are not run again.
+    summary = os.path.join(sweep.out_dir(runs[0]), "summary.json")
+    before = os.stat(summary).st_mtime_ns
+    rows = sweep.run(progress=False)
+    assert os.stat(summary).st_mtime_ns == before and rows[0]["exit_code"] is None
+
+    # A run killed after a checkpoint (no summary.json) resumes instead of starting over.
+    os.remove(summary)
+    rows = sweep.run(progress=False)
+    assert rows[0]["status"] == "finished"
+    with open(os.path.join(sweep.out_dir(runs[0]), "config.json")) as f:
+        assert len(json.load(f)["resumes"]) == 1
+
+    # Finished runs made with other settings are never mixed into the results.
+    other = Sweep(sweep.root, runs, sweep.base_args[:-1] + ["--max_iters=30"])
+    with pytest.raises(BabyGPTError, match="was run with other settings"):
+        other.run(progress=False)
+
+
+def test_sweep_cli(data_dir, tmp_path):
+    proc = run_script("experiments/sweep.py", "--grid", "norm_type=layernorm,rmsnorm", "--seeds", "0",
+                      "--out", "sw", *[f"--set={a[2:]}" for a in BASE], f"--set=data_dir={data_dir}",
+                      "--set=max_iters=5", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert [r["status"] for r in read_csv(tmp_path / "sw" / "results.csv")] == ["finished", "finished"]
+    bad = run_script("experiments/sweep.py", "--grid", "norm_typ=layernorm", cwd=tmp_path)
+    assert bad.returncode == 2 and "unknown config key" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_plot_cli_and_divergence_marker(small_sweep, tmp_path):
+    sweep, runs, _ = small_sweep
+    assert diverged_at(load_run(sweep.out_dir(runs[1]))) is not None
+    assert diverged_at(load_run(sweep.out_dir(runs[0]))) is None
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.run([sys.executable, "-m", "babygpt.plot", *[sweep.out_dir(r) for r in runs],
+                           "--out", "curves.png"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "curves.png").stat().st_size > 0
+    proc = subprocess.run([sys.executable, "-m", "babygpt.plot", str(tmp_path / "nothing")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and "no metrics.jsonl" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("script,extra,outputs", [
+    ("exp1_gradient_vanishing", [], ["gradient_vanishing.png", "gradient_vanishing.csv", "report.md"]),
+    ("exp4_grad_norm_at_init", ["--data_dir={data}"], ["grad_norm_at_init.png", "grad_norm_at_init.csv", "report.md"]),
+    ("exp3_prenorm_vs_postnorm", ["--data_dir={data}", "--jobs=2"], ["prenorm_vs_postnorm.png", "results.csv", "report.md"]),
+    ("exp2_norm_comparison", ["--data_dir={data}", "--jobs=2"],
+     ["norm_comparison.png", "lr_tolerance.png", "results.csv", "report.md"]),
+])
+def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
+    args = [a.format(data=data_dir) for a in extra]
+    proc = run_script(f"experiments/{script}.py", "--quick", "--out=res", *args, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in outputs:
+        assert (tmp_path / "res" / name).stat().st_size > 0, name
+    report = (tmp_path / "res" / "report.md").read_text()
+    assert "| " in report and "Command: `python experiments/" in report
+    if script == "exp2_norm_comparison":
+        for config in ("prenorm_none", "postnorm_ln", "prenorm_ln", "prenorm_rms", "postnorm_rms"):
+            assert f"| {config} |" in report
+        assert all(r["status"] in ("finished", "diverged") for r in read_csv(tmp_path / "res" / "results.csv"))
+    if script == "exp3_prenorm_vs_postnorm":
+        assert len(read_csv(tmp_path / "res" / "results.csv")) == 4  # 1 depth x 2 placements x 2 warmups
