@@ -1,6 +1,6 @@
 """A character-level GPT whose normalization is chosen by configuration.
 
-Reading order: GPTConfig -> MultiHeadAttention -> FeedForward -> Block -> GPT.
+Reading order: GPTConfig -> KVCache (for sampling) -> MultiHeadAttention -> FeedForward -> Block -> GPT.
 Shapes: B batch, T time (positions), C = n_embd, H = n_head, D = C // H, V = vocab_size.
 """
 
