@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .errors import BabyGPTError
-from .files import atomic_open
+from .files import write_atomic
 
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TINYSHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -58,11 +58,6 @@ def sha256_of(path: str) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    with atomic_open(path) as f:
-        f.write(data)
 
 
 def _download(path: str) -> None:

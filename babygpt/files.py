@@ -40,3 +40,9 @@ def atomic_open(path: str):
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically (see atomic_open)."""
+    with atomic_open(path) as f:
+        f.write(data)

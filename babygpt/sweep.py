@@ -82,15 +82,17 @@ class Sweep:
         summary = _read_json(os.path.join(self.out_dir(run), "summary.json"))
         return summary["status"] if summary else None
 
+    def _config_args(self, run: Run) -> list[str]:
+        """[CONFIG.py] --key=value ... : the run's settings, without where it runs."""
+        args = [run.config] if run.config else []
+        return args + self.base_args + [f"--{k}={_fmt(v)}" for k, v in run.overrides.items()] + \
+            [f"--seed={run.seed}"]
+
     def _command(self, run: Run) -> list[str]:
         out = self.out_dir(run)
         resume = os.path.exists(os.path.join(out, "ckpt.pt"))  # a killed or interrupted run
-        args = [sys.executable, TRAIN_PY]
-        if run.config:
-            args.append(run.config)
-        args += self.base_args + [f"--{k}={_fmt(v)}" for k, v in run.overrides.items()]
-        args += [f"--seed={run.seed}", f"--out_dir={out}", f"--init_from={'resume' if resume else 'scratch'}"]
-        return args
+        return [sys.executable, TRAIN_PY, *self._config_args(run), f"--out_dir={out}",
+                f"--init_from={'resume' if resume else 'scratch'}"]
 
     def _execute(self, run: Run) -> int:
         os.makedirs(os.path.join(self.root, "logs"), exist_ok=True)
@@ -107,7 +109,7 @@ class Sweep:
         info = _read_json(os.path.join(self.out_dir(run), "config.json"))
         if info is None:
             return
-        wanted = to_dict(load_config(self._command(run)[2:-2]))  # without --out_dir and --init_from
+        wanted = to_dict(load_config(self._config_args(run)))
         had = (info.get("resumes") or [info])[-1]["config"]  # the settings of its latest start
         diffs = [k for k in wanted if k not in ("out_dir", "init_from") and had.get(k) != wanted[k]]
         if diffs:

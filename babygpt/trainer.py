@@ -31,7 +31,7 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig, to_dict
 from .data import BatchSampler, CharTokenizer, load_dataset
 from .errors import BabyGPTError
-from .files import atomic_open
+from .files import atomic_open, write_atomic
 from .model import GPT, GPTConfig
 from .runtime import autocast, check_dtype, resolve_device
 
@@ -107,8 +107,7 @@ def _check_out_dir(cfg: TrainConfig) -> None:
 
 
 def _write_json(path: str, obj) -> None:
-    with atomic_open(path) as f:
-        f.write((json.dumps(obj, indent=2) + "\n").encode())
+    write_atomic(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
 def _finite_or_none(x: float | None) -> float | None:

@@ -158,18 +158,18 @@ def test_signal_saves_checkpoint_and_exits_cleanly(data_dir, tmp_path, sig, code
 # ------------------------------------------------------------------ divergence
 
 class NaNAfter(torch.nn.Module):
-    """Wraps a model; from the ``k``-th training forward call on, the loss is NaN."""
+    """Wraps a model; once ``k`` training forward calls have run, the loss of the chosen kind of
+    call (training by default, else evaluation) is NaN."""
 
-    def __init__(self, model, k):
+    def __init__(self, model, k, in_eval=False):
         super().__init__()
-        self.model, self.k, self.calls = model, k, 0
+        self.model, self.k, self.in_eval, self.calls = model, k, in_eval, 0
 
     def forward(self, x, y):
         logits, loss = self.model(x, y)
-        if not self.training:  # evaluation
-            return logits, loss
-        self.calls += 1
-        return logits, loss * float("nan") if self.calls >= self.k else loss
+        self.calls += self.training
+        poisoned = self.calls >= self.k and self.training != self.in_eval
+        return logits, loss * float("nan") if poisoned else loss
 
 
 def trainer_with_nan(data_dir, out_dir, k, *extra):
@@ -224,24 +224,11 @@ def test_interrupt_after_a_nonfinite_step_keeps_the_good_checkpoint(data_dir, tm
     assert load_checkpoint(str(out / "ckpt.pt"))["iter"] == 10
 
 
-class NaNEvalAfter(torch.nn.Module):
-    """Training is fine, but evaluation loss is NaN once ``k`` training steps have run."""
-
-    def __init__(self, model, k):
-        super().__init__()
-        self.model, self.k, self.calls = model, k, 0
-
-    def forward(self, x, y):
-        logits, loss = self.model(x, y)
-        self.calls += self.training
-        return logits, loss * float("nan") if self.calls >= self.k and not self.training else loss
-
-
 def test_nonfinite_eval_stops_without_overwriting_checkpoints(data_dir, tmp_path):
     out = tmp_path / "run"
     cfg = load_config([f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=40"])
     trainer = Trainer(cfg)
-    trainer.forward_model = NaNEvalAfter(trainer.model, 15)
+    trainer.forward_model = NaNAfter(trainer.model, 15, in_eval=True)
     s = trainer.train()
     assert s["status"] == "diverged" and s["diverged_at"] == 20 and s["final_eval_iter"] == 10
     assert load_checkpoint(str(out / "ckpt.pt"))["iter"] == 10
