@@ -52,11 +52,14 @@ class TrainConfig:
     n_head: int = _opt(_M.n_head, "attention heads per block (must divide n_embd)")
     n_embd: int = _opt(_M.n_embd, "model width")
     dropout: float = _opt(_M.dropout, "dropout probability")
-    bias: bool = _opt(_M.bias, "biases in Linear layers and LayerNorm's beta")
+    bias: bool = _opt(_M.bias, "biases in Linear layers, and beta in LayerNorm, DyT and BatchNorm")
     norm_type: str = _opt(_M.norm_type, "one of: " + ", ".join(NORMS))
     norm_placement: str = _opt(_M.norm_placement, "one of: " + ", ".join(PLACEMENTS))
     norm_eps: float = _opt(_M.norm_eps, "epsilon inside every norm")
-    final_norm: Optional[bool] = _opt(_M.final_norm, "norm before the LM head; none = on for pre, off for post")
+    final_norm: Optional[bool] = _opt(
+        _M.final_norm, "norm before the LM head; none = on for pre/sandwich, off for post/deepnorm")
+    qk_norm: bool = _opt(_M.qk_norm, "normalize queries and keys per head with norm_type before attention")
+    dyt_alpha_init: float = _opt(_M.dyt_alpha_init, "initial alpha of norm_type dyt: y = gamma*tanh(alpha*x)+beta")
     # optimization
     learning_rate: float = _opt(2e-3, "peak learning rate (AdamW)")
     weight_decay: float = _opt(0.1, "AdamW weight decay on matrices (never on norm gains or biases)")

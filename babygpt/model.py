@@ -1,6 +1,7 @@
 """A character-level GPT whose normalization is chosen by configuration.
 
-Reading order: GPTConfig -> KVCache (for sampling) -> MultiHeadAttention -> FeedForward -> Block -> GPT.
+Reading order: GPTConfig -> make_norm -> KVCache (for sampling) -> MultiHeadAttention -> FeedForward
+-> Block -> GPT.
 Shapes: B batch, T time (positions), C = n_embd, H = n_head, D = C // H, V = vocab_size.
 """
 
@@ -17,7 +18,14 @@ import torch.nn.functional as F
 from .errors import unknown_choice
 from .norms import NORMS, build_norm
 
-PLACEMENTS = ("pre", "post")
+PLACEMENTS = ("pre", "post", "sandwich", "deepnorm")  # see the Block docstring
+# Placements whose residual stream reaches the LM head un-normalized: ln_f is on by default for these.
+FINAL_NORM_BY_DEFAULT = ("pre", "sandwich")
+# norm_type -> why qk_norm cannot use it.
+QK_NORM_EXCLUDED = {
+    "none": "the query/key norms would be the identity",
+    "batchnorm": "its statistics over batch and time would let queries and keys see later positions",
+}
 
 
 @dataclass
@@ -28,11 +36,13 @@ class GPTConfig:
     n_head: int = 4
     n_embd: int = 128
     dropout: float = 0.0
-    bias: bool = True  # biases in Linear layers and LayerNorm's beta
+    bias: bool = True  # biases in Linear layers, and beta in LayerNorm, DyT and BatchNorm
     norm_type: str = "rmsnorm"  # a key of norms.NORMS
-    norm_placement: str = "pre"  # "pre" | "post"
+    norm_placement: str = "pre"  # one of PLACEMENTS
     norm_eps: float = 1e-5
-    final_norm: bool | None = None  # None: on for pre, off for post (the last ln2 already normalizes)
+    final_norm: bool | None = None  # None: on for pre/sandwich, off for post/deepnorm (the last ln2 normalizes)
+    qk_norm: bool = False  # normalize queries and keys per head with norm_type before attention
+    dyt_alpha_init: float = 0.5  # initial alpha of norm_type "dyt" (Zhu et al. 2025's default)
 
     def __post_init__(self):
         problems = model_config_problems(self)
@@ -42,7 +52,7 @@ class GPTConfig:
     @property
     def use_final_norm(self) -> bool:
         if self.final_norm is None:
-            return self.norm_placement == "pre"
+            return self.norm_placement in FINAL_NORM_BY_DEFAULT
         return self.final_norm
 
 
@@ -66,7 +76,18 @@ def model_config_problems(cfg) -> list[str]:
         problems.append(unknown_choice("norm_type", cfg.norm_type, NORMS))
     if cfg.norm_placement not in PLACEMENTS:
         problems.append(unknown_choice("norm_placement", cfg.norm_placement, PLACEMENTS))
+    if not 0 < cfg.dyt_alpha_init < math.inf:
+        problems.append(f"dyt_alpha_init must be a positive finite number, got {cfg.dyt_alpha_init!r}")
+    if cfg.qk_norm and cfg.norm_type in QK_NORM_EXCLUDED:
+        problems.append(f"qk_norm cannot be used with norm_type {cfg.norm_type!r}: "
+                        f"{QK_NORM_EXCLUDED[cfg.norm_type]}; choose another norm_type or set qk_norm false")
     return problems
+
+
+def make_norm(cfg: GPTConfig, dim: int, norm_type: str | None = None) -> nn.Module:
+    """The configured norm (or ``norm_type``) for width ``dim``: every norm in the model is built here."""
+    return build_norm(cfg.norm_type if norm_type is None else norm_type, dim,
+                      eps=cfg.norm_eps, bias=cfg.bias, alpha_init=cfg.dyt_alpha_init)
 
 
 class KVCache:
@@ -91,7 +112,14 @@ class KVCache:
 
 
 class MultiHeadAttention(nn.Module):
-    """Causal self-attention: one fused projection to q, k, v, then H heads in parallel."""
+    """Causal self-attention: one fused projection to q, k, v, then H heads in parallel.
+
+    With ``qk_norm``, queries and keys are normalized per head, over the head size D,
+    by the configured norm before the dot product (QK-Norm: Henry et al. 2020,
+    arXiv:2010.04245; Dehghani et al. 2023, arXiv:2302.05442). This bounds the
+    attention logits, whose growth makes softmax saturate. One ``q_norm`` and one
+    ``k_norm`` per layer, shared by all heads; the 1/sqrt(D) scale stays.
+    """
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -100,18 +128,24 @@ class MultiHeadAttention(nn.Module):
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)  # writes into the residual stream
         self.resid_drop = nn.Dropout(cfg.dropout)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:
+            self.q_norm = make_norm(cfg, cfg.n_embd // cfg.n_head)  # over D
+            self.k_norm = make_norm(cfg, cfg.n_embd // cfg.n_head)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
         # (B, T, C) -> (B, H, T, D): heads become a batch dimension
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)  # (B, H, T, D), each D-vector normalized on its own
         causal = True
         if cache is not None:
             if cache.length and T != 1:
                 raise ValueError("a KV cache takes either a whole prompt (empty cache) or one token")
             causal = cache.length == 0  # one new token may attend to every cached position
-            k, v = cache.append(layer, k, v)  # (B, H, length + T, D)
+            k, v = cache.append(layer, k, v)  # (B, H, length + T, D); keys stored normalized
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=causal, dropout_p=self.dropout if self.training else 0.0
         )  # (B, H, T, D); position t attends to positions <= t only
@@ -133,7 +167,7 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """One transformer block; ``norm_placement`` decides where ``ln1`` and ``ln2`` sit.
+    """One transformer block; ``norm_placement`` decides where its norms sit.
 
     Pre-LN (GPT-2; Xiong et al. 2020, arXiv:2002.04745) normalizes each sublayer's
     *input*; the residual stream itself is never normalized on its way through,
@@ -149,24 +183,48 @@ class Block(nn.Module):
 
         x ──┬──────────► (+) ─► ln1 ──┬───────────► (+) ─► ln2 ──►
             └─► sa ──────┘            └─► ffwd ─────┘
+
+    Sandwich-LN (CogView, Ding et al. 2021, arXiv:2105.13290) / Peri-LN (Kim et al.
+    2025, arXiv:2502.02732) is Pre-LN plus a norm on each sublayer's *output*
+    (``ln1_out``, ``ln2_out``) before the add, which bounds what one sublayer can
+    write into the stream. The stream is still not normalized, so ``ln_f`` is on::
+
+        x ──┬──────────────────────────► (+) ──┬─────────────────────────────► (+) ──►
+            └─► ln1 ─► sa ─► ln1_out ────┘     └─► ln2 ─► ffwd ─► ln2_out ─────┘
+
+    DeepNorm (DeepNet, Wang et al. 2022, arXiv:2203.00555) is Post-LN with the
+    residual up-weighted by alpha = (2N)^(1/4), N = n_layer (the decoder-only value),
+    so each update is small relative to the stream; ``ln_f`` is off as for Post-LN,
+    and its init is in GPT._init_weights::
+
+        x ──┬─► ×α ───────► (+) ─► ln1 ──┬─► ×α ─────────► (+) ─► ln2 ──►
+            └─► sa ─────────┘            └─► ffwd ─────────┘
     """
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.placement = cfg.norm_placement
-        self.ln1 = build_norm(cfg.norm_type, cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
+        # Residual weight: (2N)^(1/4) for DeepNorm, 1 for plain Post-LN (unused otherwise).
+        self.alpha = (2 * cfg.n_layer) ** 0.25 if cfg.norm_placement == "deepnorm" else 1.0
+        self.ln1 = make_norm(cfg, cfg.n_embd)
         self.sa = MultiHeadAttention(cfg)
-        self.ln2 = build_norm(cfg.norm_type, cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
+        self.ln2 = make_norm(cfg, cfg.n_embd)
         self.ffwd = FeedForward(cfg)
+        if cfg.norm_placement == "sandwich":
+            self.ln1_out = make_norm(cfg, cfg.n_embd)
+            self.ln2_out = make_norm(cfg, cfg.n_embd)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         # (B, T, C) -> (B, T, C); cache and layer are only used when sampling with a KV cache
         if self.placement == "pre":
             x = x + self.sa(self.ln1(x), cache, layer)
             x = x + self.ffwd(self.ln2(x))
-        else:  # "post"
-            x = self.ln1(x + self.sa(x, cache, layer))
-            x = self.ln2(x + self.ffwd(x))
+        elif self.placement == "sandwich":
+            x = x + self.ln1_out(self.sa(self.ln1(x), cache, layer))
+            x = x + self.ln2_out(self.ffwd(self.ln2(x)))
+        else:  # "post", or "deepnorm" (the same with alpha != 1)
+            x = self.ln1(self.alpha * x + self.sa(x, cache, layer))
+            x = self.ln2(self.alpha * x + self.ffwd(x))
         return x
 
 
@@ -180,8 +238,7 @@ class GPT(nn.Module):
         self.pos_emb = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        final = cfg.norm_type if cfg.use_final_norm else "none"
-        self.ln_f = build_norm(final, cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
+        self.ln_f = make_norm(cfg, cfg.n_embd, None if cfg.use_final_norm else "none")
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         # Weight tying (Press & Wolf 2017): the output layer reuses the input embedding matrix.
         self.lm_head.weight = self.tok_emb.weight
@@ -190,16 +247,31 @@ class GPT(nn.Module):
     def _init_weights(self):
         """GPT-2 initialisation: N(0, 0.02) everywhere, zero biases; the two projections
         that write into the residual stream use 0.02 / sqrt(2 * n_layer) so the stream's
-        variance does not grow with depth. Norm gains and biases keep their own init."""
+        variance does not grow with depth. Norm gains and biases keep their own init.
+
+        DeepNorm replaces that depth factor by its own: the paper initialises the FFN
+        weights and the attention value and output projections with Xavier-normal of
+        gain beta = (8N)^(-1/4), the query and key projections with gain 1. Our base init
+        is GPT-2's N(0, 0.02) rather than Xavier, so under "deepnorm": ffwd.fc, ffwd.proj,
+        sa.proj and the value rows [2C:3C] of the fused sa.qkv weight (3C, C) get std
+        0.02 * beta; the query and key rows [0:2C] keep 0.02; and the 1/sqrt(2 * n_layer)
+        factor is *not* applied, since beta already is the depth scaling (both would
+        shrink the residual branches twice)."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
-        resid_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        C, N = self.config.n_embd, self.config.n_layer
         for block in self.blocks:
-            nn.init.normal_(block.sa.proj.weight, mean=0.0, std=resid_std)
-            nn.init.normal_(block.ffwd.proj.weight, mean=0.0, std=resid_std)
+            if self.config.norm_placement == "deepnorm":
+                std = 0.02 * (8 * N) ** -0.25
+                for w in (block.ffwd.fc.weight, block.ffwd.proj.weight, block.sa.proj.weight,
+                          block.sa.qkv.weight[2 * C:]):  # the last is a (C, C) view: the value rows
+                    nn.init.normal_(w, mean=0.0, std=std)
+            else:
+                nn.init.normal_(block.sa.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * N))
+                nn.init.normal_(block.ffwd.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * N))
 
     def num_params(self) -> int:
         """Number of distinct parameters (the tied embedding counted once)."""
@@ -285,8 +357,8 @@ class GPT(nn.Module):
     def configure_optimizers(self, weight_decay: float, learning_rate: float,
                              betas: tuple[float, float] = (0.9, 0.99), fused: bool = False):
         """AdamW with two groups: matrices (dim >= 2: embeddings, Linear weights) are
-        decayed; vectors (norm gains, biases) are not, since shrinking a gain towards
-        zero fights the normalization it belongs to."""
+        decayed; vectors and scalars (norm gains and biases, ScaleNorm's g, DyT's alpha)
+        are not, since shrinking a gain towards zero fights the normalization it belongs to."""
         params = list(self.parameters())  # distinct tensors; the tied weight once
         decay = [p for p in params if p.dim() >= 2]
         no_decay = [p for p in params if p.dim() < 2]

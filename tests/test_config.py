@@ -134,10 +134,10 @@ def test_shipped_configs_load(name):
 
 
 def test_ablation_configs_only_set_norm_keys_and_out_dir():
-    allowed = {"norm_type", "norm_placement", "final_norm", "out_dir"}
+    allowed = {"norm_type", "norm_placement", "final_norm", "out_dir", "qk_norm", "dyt_alpha_init"}
     from babygpt.config import read_config_file
     for name in os.listdir(CONFIG_DIR):
-        if name.startswith(("prenorm_", "postnorm_")):
+        if name.startswith(("prenorm_", "postnorm_", "sandwich_", "deepnorm_")):
             keys = set(read_config_file(os.path.join(CONFIG_DIR, name)))
             assert keys <= allowed and keys >= {"norm_type", "norm_placement", "out_dir"}, (name, keys)
 

@@ -1,4 +1,7 @@
-"""Our from-scratch norms against PyTorch's own, values and gradients."""
+"""Our from-scratch norms against PyTorch's own (or their formulas), values and gradients."""
+
+import inspect
+import math
 
 import pytest
 import torch
@@ -6,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from babygpt.norms import NORMS, LayerNorm, NoNorm, RMSNorm, build_norm
+from babygpt.norms import NORMS, BatchNorm, DyT, LayerNorm, NoNorm, RMSNorm, RMSNormNoParam, ScaleNorm, build_norm
 
 D = 32
 
@@ -92,6 +95,13 @@ def test_rmsnorm_weight_grad_matches_analytic_formula():
     assert_close(norm.weight.grad, (g * x_hat).sum(dim=(0, 1)))
 
 
+@pytest.mark.parametrize("name", list(NORMS))
+def test_every_norm_keeps_float16_finite_and_its_dtype(name):
+    x = (torch.randn(2, 3, D) * 300).half()
+    y = build_norm(name, D)(x)
+    assert y.dtype == torch.float16 and torch.isfinite(y).all()
+
+
 def test_rmsnorm_float16_does_not_overflow():
     x = torch.full((2, 3, D), 300.0, dtype=torch.float16)
     naive_ms = x.pow(2).mean(-1, keepdim=True)  # in float16: 300^2 = 90000 > 65504 -> inf
@@ -139,7 +149,7 @@ def test_unknown_norm_lists_valid_names():
         assert name in msg
 
 
-@pytest.mark.parametrize("name", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("name", list(NORMS))
 def test_norms_compute_in_float32_under_autocast(name):
     """Inside bfloat16 autocast, a norm's statistics are still float32: its output equals the
     float32 computation rounded once to bfloat16 at the end."""
@@ -149,3 +159,154 @@ def test_norms_compute_in_float32_under_autocast(name):
         y = norm(x)
     assert y.dtype == torch.bfloat16
     assert torch.equal(y, norm(x.float()).bfloat16())
+
+
+# ------------------------------------------------------------------ the uniform constructor
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+def test_every_norm_takes_the_same_keyword_only_options(name):
+    """build_norm passes eps, bias and alpha_init to every class: each must accept exactly those."""
+    params = inspect.signature(NORMS[name]).parameters
+    assert list(params) == ["dim", "eps", "bias", "alpha_init"]
+    assert all(params[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("eps", "bias", "alpha_init"))
+
+
+def test_build_norm_passes_options_and_rejects_unknown_ones():
+    assert build_norm("dyt", D, alpha_init=1.7).alpha.item() == pytest.approx(1.7)
+    assert build_norm("scalenorm", D, eps=1e-3).eps == 1e-3
+    assert build_norm("layernorm", D, bias=False).bias is None
+    with pytest.raises(TypeError):
+        build_norm("dyt", D, alpha=1.0)  # a misspelt option is an error, not ignored
+
+
+# ------------------------------------------------------------------ ScaleNorm, DyT, RMSNorm without gain
+
+
+def test_scalenorm_equals_formula_values_and_grads():
+    norm = ScaleNorm(D, eps=1e-5).double()
+    assert norm.gain.shape == () and norm.gain.item() == pytest.approx(math.sqrt(D))  # one scalar, sqrt(d)
+    with torch.no_grad():
+        norm.gain.fill_(2.5)
+    x = torch.randn(4, 7, D, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(4, 7, D, dtype=torch.float64)
+    y = norm(x)
+    expected = 2.5 * x / x.pow(2).sum(-1, keepdim=True).sqrt()  # g * x / ||x||_2
+    assert_close(y, expected)
+    (y * g).sum().backward()
+    x_ref = x.detach().clone().requires_grad_(True)
+    (2.5 * x_ref / x_ref.norm(dim=-1, keepdim=True) * g).sum().backward()
+    assert_close(x.grad, x_ref.grad)
+    assert_close(norm.gain.grad, (g * x / x.norm(dim=-1, keepdim=True)).sum())  # dL/dg = sum dL/dy * x/||x||
+
+
+def test_scalenorm_at_init_equals_rmsnorm_and_eps_floors_the_norm():
+    x = torch.randn(3, D)
+    assert_close(ScaleNorm(D, eps=1e-12)(x), RMSNorm(D, eps=0.0)(x))
+    tiny = torch.full((1, D), 1e-9)  # ||x|| = 5.7e-9 < eps: divided by eps instead
+    assert_close(ScaleNorm(D, eps=1e-5)(tiny), math.sqrt(D) * tiny / 1e-5)
+    zero = torch.zeros(2, D, requires_grad=True)
+    ScaleNorm(D)(zero).sum().backward()
+    assert torch.isfinite(zero.grad).all()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_dyt_equals_formula_values_and_grads(bias):
+    norm = DyT(D, bias=bias, alpha_init=0.8).double()
+    assert norm.alpha.shape == () and norm.alpha.item() == pytest.approx(0.8)
+    assert torch.equal(norm.weight, torch.ones(D, dtype=torch.float64))
+    assert (norm.bias is not None) == bias
+    _randomize(norm)
+    x = (torch.randn(4, 7, D, dtype=torch.float64) * 3).requires_grad_(True)
+    g = torch.randn(4, 7, D, dtype=torch.float64)
+    y = norm(x)
+    t = torch.tanh(norm.alpha * x)
+    expected = norm.weight * t + (norm.bias if bias else 0)
+    assert_close(y, expected)
+    y.backward(g)
+    sech2 = 1 - t.detach() ** 2  # d tanh(u)/du
+    assert_close(x.grad, g * norm.weight.detach() * sech2 * norm.alpha.detach())
+    assert_close(norm.alpha.grad, (g * norm.weight.detach() * sech2 * x.detach()).sum())
+    assert_close(norm.weight.grad, (g * t.detach()).sum(dim=(0, 1)))
+    if bias:
+        assert_close(norm.bias.grad, g.sum(dim=(0, 1)))
+
+
+def test_rmsnorm_noparam_equals_rmsnorm_with_unit_gain():
+    norm = RMSNormNoParam(D, eps=1e-6)
+    assert len(list(norm.parameters())) == 0
+    x = torch.randn(4, 7, D) * 2
+    assert_close(norm(x), F.rms_norm(x, (D,), eps=1e-6))
+    assert_close(norm(x), x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+# ------------------------------------------------------------------ BatchNorm
+
+
+def _bn_pair(bias=True):
+    """Our BatchNorm and nn.BatchNorm1d with the same random affine parameters (float64)."""
+    ours, ref = BatchNorm(D, eps=1e-5, bias=bias).double(), nn.BatchNorm1d(D, eps=1e-5, momentum=0.1).double()
+    _randomize(ours)
+    with torch.no_grad():
+        ref.weight.copy_(ours.weight)
+        ref.bias.copy_(ours.bias if bias else torch.zeros(D))
+    return ours, ref
+
+
+def _compare_bn(ours, ref, x, g, bias=True):
+    """Forward and backward through both; ours takes (B, T, C), nn.BatchNorm1d (B, C, T)."""
+    x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    y = ours(x1)
+    y_ref = ref(x2.transpose(1, 2)).transpose(1, 2)
+    assert_close(y, y_ref)
+    y.backward(g)
+    y_ref.backward(g)
+    assert_close(x1.grad, x2.grad)
+    assert_close(ours.weight.grad, ref.weight.grad)
+    if bias:
+        assert_close(ours.bias.grad, ref.bias.grad)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_batchnorm_matches_torch_train_and_eval(bias):
+    ours, ref = _bn_pair(bias)
+    for _ in range(3):  # training: batch statistics over B and T; running stats updated each time
+        x = torch.randn(4, 7, D, dtype=torch.float64) * 2 + 1
+        _compare_bn(ours, ref, x, torch.randn_like(x), bias)
+        assert_close(ours.running_mean, ref.running_mean)
+        assert_close(ours.running_var, ref.running_var)  # updated with the unbiased variance
+    ours.eval(), ref.eval()
+    for m in (ours, ref):
+        m.zero_grad()
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    _compare_bn(ours, ref, x, torch.randn_like(x), bias)
+    assert_close(ours.running_mean, ref.running_mean)  # eval does not update the running stats
+
+
+def test_batchnorm_statistics_span_batch_and_time():
+    """Training output is (x - mean over B*T) / sqrt(biased var over B*T + eps), per channel."""
+    norm = BatchNorm(D)
+    x = torch.randn(3, 6, D) * 4 + 2
+    flat = x.reshape(-1, D)
+    expected = (x - flat.mean(0)) / torch.sqrt(flat.var(0, correction=0) + 1e-5)
+    assert_close(norm(x), expected)
+    assert_close(norm.running_mean, 0.1 * flat.mean(0))
+    assert_close(norm.running_var, 0.9 + 0.1 * flat.var(0, correction=1))
+    assert_close(BatchNorm(D)(flat), expected.reshape(-1, D))  # (N, C) works too
+
+
+def test_batchnorm_needs_more_than_one_value_per_channel_in_training():
+    with pytest.raises(ValueError, match="more than one position"):
+        BatchNorm(D)(torch.randn(1, 1, D))
+    assert BatchNorm(D).eval()(torch.randn(1, 1, D)).shape == (1, 1, D)  # running stats: fine in eval
+
+
+def test_new_norms_init_values():
+    assert [p.numel() for p in ScaleNorm(D).parameters()] == [1]
+    assert sum(p.numel() for p in DyT(D).parameters()) == 2 * D + 1
+    assert sum(p.numel() for p in DyT(D, bias=False).parameters()) == D + 1
+    bn = BatchNorm(D)
+    assert torch.equal(bn.weight, torch.ones(D)) and torch.equal(bn.bias, torch.zeros(D))
+    assert torch.equal(bn.running_mean, torch.zeros(D)) and torch.equal(bn.running_var, torch.ones(D))
+    assert {n for n, _ in bn.named_buffers()} == {"running_mean", "running_var"}
+    assert len(list(RMSNormNoParam(D).parameters())) == 0

@@ -1,0 +1,322 @@
+"""The normalization variants of issue 9 inside the model: Sandwich-LN, DeepNorm, QK-norm,
+BatchNorm's non-causality, DyT's alpha, and the config combinations that are refused.
+
+The placement x norm_type grid tests (initial loss, causality, overfitting, KV cache) in
+test_model.py cover every variant too; these tests check what is specific to each one.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from babygpt.config import load_config
+from babygpt.errors import BabyGPTError
+from babygpt.model import GPT, QK_NORM_EXCLUDED, GPTConfig, KVCache
+from babygpt.norms import NORMS, DyT, NoNorm, RMSNorm
+from conftest import ROOT, tiny_config
+
+QK_NORMS = [n for n in NORMS if n not in QK_NORM_EXCLUDED]
+
+
+def _is_norm(module) -> bool:
+    return isinstance(module, tuple(NORMS.values()))
+
+
+# ------------------------------------------------------------------ Sandwich-LN
+
+
+def test_sandwich_has_four_norms_per_block_and_a_final_norm():
+    model = GPT(tiny_config(norm_placement="sandwich", norm_type="rmsnorm"))
+    for block in model.blocks:
+        norms = [name for name, m in block.named_children() if _is_norm(m)]
+        assert norms == ["ln1", "ln2", "ln1_out", "ln2_out"]
+    assert isinstance(model.ln_f, RMSNorm)
+    d, n_norms = 32, 4 * 2 + 1
+    assert model.num_params() - GPT(tiny_config(norm_type="none")).num_params() == n_norms * d
+
+
+def test_sandwich_applies_each_norm_where_stated():
+    """Hooks record the call order and what flows between modules: ln1 -> sa -> ln1_out -> add,
+    then ln2 -> ffwd -> ln2_out -> add."""
+    cfg = tiny_config(norm_placement="sandwich", norm_type="layernorm")
+    block = GPT(cfg).blocks[0]
+    calls, seen = [], {}
+
+    def hook(name):
+        def record(module, args, output):
+            calls.append(name)
+            seen[name] = (args[0], output)
+        return record
+
+    for name in ("ln1", "sa", "ln1_out", "ln2", "ffwd", "ln2_out"):
+        getattr(block, name).register_forward_hook(hook(name))
+    x = torch.randn(2, 5, cfg.n_embd)
+    out = block(x)
+    assert calls == ["ln1", "sa", "ln1_out", "ln2", "ffwd", "ln2_out"]
+    assert torch.equal(seen["ln1"][0], x)
+    assert torch.equal(seen["sa"][0], seen["ln1"][1])  # attention reads the normalized input
+    assert torch.equal(seen["ln1_out"][0], seen["sa"][1])  # its output is normalized again
+    h = x + seen["ln1_out"][1]  # before being added to the untouched stream
+    assert torch.equal(seen["ln2"][0], h)
+    assert torch.equal(seen["ffwd"][0], seen["ln2"][1])
+    assert torch.equal(seen["ln2_out"][0], seen["ffwd"][1])
+    assert_close(out, h + seen["ln2_out"][1])
+
+
+def test_only_sandwich_has_output_norms():
+    for placement in ("pre", "post", "deepnorm"):
+        block = GPT(tiny_config(norm_placement=placement)).blocks[0]
+        assert not hasattr(block, "ln1_out") and not hasattr(block, "ln2_out")
+
+
+# ------------------------------------------------------------------ DeepNorm
+
+
+@pytest.mark.parametrize("n_layer", [2, 8])
+def test_deepnorm_alpha(n_layer):
+    model = GPT(tiny_config(norm_placement="deepnorm", norm_type="layernorm", n_layer=n_layer))
+    assert all(b.alpha == pytest.approx((2 * n_layer) ** 0.25) for b in model.blocks)
+    assert all(b.alpha == 1.0 for b in GPT(tiny_config(norm_placement="post", n_layer=n_layer)).blocks)
+    assert isinstance(model.ln_f, NoNorm)  # final norm off by default, as for post
+
+
+def test_deepnorm_init_scales_exactly_the_ffn_value_and_output_weights():
+    N, C = 8, 64
+    model = GPT(tiny_config(norm_placement="deepnorm", norm_type="layernorm", n_layer=N, n_embd=C, n_head=4))
+    beta = (8 * N) ** -0.25
+
+    def std(tensors):
+        return torch.cat([t.detach().flatten() for t in tensors]).std().item()
+
+    blocks = model.blocks
+    scaled = {
+        "ffwd.fc": [b.ffwd.fc.weight for b in blocks],
+        "ffwd.proj": [b.ffwd.proj.weight for b in blocks],
+        "sa.proj": [b.sa.proj.weight for b in blocks],
+        "value rows of sa.qkv": [b.sa.qkv.weight[2 * C:] for b in blocks],
+    }
+    for name, ws in scaled.items():  # 0.02 * beta = 0.0071; with GPT-2's 1/sqrt(2N) too it would be 0.0018
+        assert abs(std(ws) - 0.02 * beta) < 3e-4, name
+    unscaled = {
+        "query rows of sa.qkv": [b.sa.qkv.weight[:C] for b in blocks],
+        "key rows of sa.qkv": [b.sa.qkv.weight[C:2 * C] for b in blocks],
+        "tok_emb": [model.tok_emb.weight], "pos_emb": [model.pos_emb.weight],
+    }
+    for name, ws in unscaled.items():
+        assert abs(std(ws) - 0.02) < 1e-3, name
+    assert torch.equal(blocks[0].sa.qkv.bias, torch.zeros(3 * C))
+
+
+# ------------------------------------------------------------------ QK-norm
+
+
+def test_qk_norm_modules_exist_only_when_asked():
+    sa = GPT(tiny_config(qk_norm=True, norm_type="layernorm")).blocks[0].sa
+    D = 32 // 2
+    assert sa.q_norm.weight.shape == (D,) and sa.k_norm.weight.shape == (D,)  # over the head size
+    sa = GPT(tiny_config(qk_norm=False)).blocks[0].sa
+    assert not hasattr(sa, "q_norm") and not hasattr(sa, "k_norm")
+
+
+@pytest.mark.parametrize("norm", QK_NORMS)
+def test_qk_norm_attention_equals_manual_computation(norm):
+    """q and k are normalized per head over D (v is not), then the usual causal softmax."""
+    cfg = tiny_config(qk_norm=True, norm_type=norm)
+    sa = GPT(cfg).blocks[0].sa
+    for m in (sa.q_norm, sa.k_norm):  # different random parameters, so a q/k mix-up cannot pass
+        for p in m.parameters():
+            torch.nn.init.normal_(p, 1.0, 0.5)
+    B, T, C, H = 2, 6, cfg.n_embd, cfg.n_head
+    x = torch.randn(B, T, C)
+    q, k, v = sa.qkv(x).split(C, dim=2)
+    q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+    q_n = torch.stack([sa.q_norm(q[:, h]) for h in range(H)], dim=1)  # head by head: per-head norm
+    k_n = torch.stack([sa.k_norm(k[:, h]) for h in range(H)], dim=1)
+    assert not torch.allclose(q_n, q, atol=1e-2) and not torch.allclose(k_n, k, atol=1e-2)  # not the identity
+    att = q_n @ k_n.transpose(-2, -1) / math.sqrt(C // H)
+    att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+    y = (att @ v).transpose(1, 2).reshape(B, T, C)
+    assert_close(sa(x), sa.proj(y))
+
+
+def test_qk_rmsnorm_gives_unit_rms_queries_and_keys():
+    cfg = tiny_config(qk_norm=True, norm_type="rmsnorm")
+    sa = GPT(cfg).blocks[0].sa
+    seen = {}
+    sa.q_norm.register_forward_hook(lambda m, a, out: seen.update(q=out))
+    sa.k_norm.register_forward_hook(lambda m, a, out: seen.update(k=out))
+    sa(torch.randn(2, 6, cfg.n_embd) * 5)
+    for t in (seen["q"], seen["k"]):
+        assert t.shape == (2, cfg.n_head, 6, cfg.n_embd // cfg.n_head)
+        assert_close(t.pow(2).mean(-1), torch.ones(t.shape[:3]), atol=1e-3, rtol=0)
+
+
+def test_qk_norm_changes_the_output():
+    cfg = tiny_config(norm_type="rmsnorm")
+    off = GPT(cfg).eval()
+    on = GPT(tiny_config(norm_type="rmsnorm", qk_norm=True)).eval()
+    missing = on.load_state_dict(off.state_dict(), strict=False).missing_keys
+    assert missing and all(".q_norm." in k or ".k_norm." in k for k in missing)
+    x = torch.randint(cfg.vocab_size, (2, cfg.block_size))
+    assert not torch.allclose(on(x)[0], off(x)[0])
+
+
+@pytest.mark.parametrize("norm", QK_NORMS)
+def test_qk_norm_is_causal_and_kv_cache_matches(norm):
+    cfg = tiny_config(qk_norm=True, norm_type=norm)
+    model = GPT(cfg).eval()
+    x = torch.randint(cfg.vocab_size, (2, cfg.block_size))
+    full = model(x)[0]
+    x2 = x.clone()
+    x2[:, 9] = (x2[:, 9] + 1) % cfg.vocab_size
+    assert_close(model(x2)[0][:, :9], full[:, :9])
+    cache = KVCache(cfg, 2, "cpu", torch.float32)
+    steps = [model(x[:, :4], cache=cache)[0]]
+    steps += [model(x[:, t:t + 1], cache=cache)[0] for t in range(4, cfg.block_size)]
+    assert_close(torch.cat(steps, dim=1), full)
+
+
+def test_kv_cache_stores_normalized_keys():
+    cfg = tiny_config(qk_norm=True, norm_type="layernorm")
+    model = GPT(cfg).eval()
+    seen = {}
+    model.blocks[1].sa.k_norm.register_forward_hook(lambda m, a, out: seen.update(k=out))
+    cache = KVCache(cfg, 2, "cpu", torch.float32)
+    model(torch.randint(cfg.vocab_size, (2, 5)), cache=cache)
+    assert_close(cache.k[1, :, :, :5], seen["k"])  # (B, H, T, D): mean 0 per head vector
+    assert_close(cache.k[1, :, :, :5].mean(-1), torch.zeros(2, cfg.n_head, 5), atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------ BatchNorm is not causal in training
+
+
+def test_batchnorm_leaks_the_future_in_training_but_not_in_eval():
+    cfg = tiny_config(norm_type="batchnorm")
+    model = GPT(cfg)
+    x = torch.randint(cfg.vocab_size, (4, cfg.block_size))
+    x2 = x.clone()
+    x2[:, -1] = (x2[:, -1] + 1) % cfg.vocab_size  # change only the last position
+    with torch.no_grad():
+        train_out, train_out2 = model(x)[0], model(x2)[0]
+        # Training mode: batch statistics include the last position, so every earlier output moves.
+        assert not torch.allclose(train_out[:, :-1], train_out2[:, :-1])
+        model.eval()  # running statistics: each position normalized on its own
+        eval_out = model(x)[0]
+        assert_close(model(x2)[0][:, :-1], eval_out[:, :-1])
+    assert not torch.allclose(train_out, eval_out)  # and train and eval compute different functions
+
+
+def test_batchnorm_running_stats_are_buffers_in_the_state_dict():
+    model = GPT(tiny_config(norm_type="batchnorm"))
+    keys = model.state_dict().keys()
+    assert "blocks.0.ln1.running_mean" in keys and "ln_f.running_var" in keys
+    assert not any("running" in n for n, _ in model.named_parameters())
+
+
+# ------------------------------------------------------------------ DyT's alpha
+
+
+def test_dyt_alpha_init_reaches_every_dyt():
+    model = GPT(tiny_config(norm_type="dyt", qk_norm=True, dyt_alpha_init=1.3))
+    dyts = [m for m in model.modules() if isinstance(m, DyT)]
+    assert len(dyts) == 2 * 2 + 2 * 2 + 1  # ln1, ln2, q_norm, k_norm per block, and ln_f
+    assert all(m.alpha.item() == pytest.approx(1.3) for m in dyts)
+
+
+def test_dyt_model_output_follows_the_formula():
+    cfg = tiny_config(norm_type="dyt", final_norm=True)
+    model = GPT(cfg)
+    with torch.no_grad():
+        model.ln_f.alpha.fill_(0.7)
+        model.ln_f.weight.normal_()
+        model.ln_f.bias.normal_()
+    h = torch.randn(2, 5, cfg.n_embd)
+    assert_close(model.ln_f(h), model.ln_f.weight * torch.tanh(0.7 * h) + model.ln_f.bias)
+
+
+# ------------------------------------------------------------------ parameter groups and counts
+
+
+@pytest.mark.parametrize("norm", list(NORMS))
+@pytest.mark.parametrize("placement", ["sandwich", "deepnorm"])
+def test_optimizer_no_decay_group_is_norm_params_and_biases(placement, norm):
+    qk = norm not in QK_NORM_EXCLUDED
+    model = GPT(tiny_config(norm_placement=placement, norm_type=norm, qk_norm=qk))
+    opt = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3)  # asserts the groups itself
+    names = {id(p): n for n, p in model.named_parameters()}
+    not_decayed = {names[id(p)] for p in opt.param_groups[1]["params"]}
+    norm_params = {f"{m}.{p}" for m, mod in model.named_modules() if _is_norm(mod)
+                   for p, _ in mod.named_parameters()}
+    biases = {n for n in names.values() if n.endswith(".bias") and n not in norm_params}
+    assert not_decayed == norm_params | biases
+    if norm == "scalenorm":
+        assert "blocks.0.ln1.gain" in not_decayed and "blocks.1.sa.k_norm.gain" in not_decayed
+    if norm == "dyt":
+        assert {"blocks.0.ln1.alpha", "blocks.0.sa.q_norm.alpha"} <= not_decayed
+    if norm == "batchnorm":
+        assert {"blocks.0.ln2.weight", "blocks.0.ln2.bias"} <= not_decayed
+
+
+def test_param_counts_of_the_new_norms():
+    d, n_norms = 32, 2 * 2 + 1  # pre: ln1, ln2 per block, and ln_f
+    count = {n: GPT(tiny_config(norm_type=n)).num_params() for n in NORMS}
+    assert count["rmsnorm_noparam"] == count["none"]
+    assert count["scalenorm"] - count["none"] == n_norms  # one scalar each
+    assert count["dyt"] - count["none"] == n_norms * (2 * d + 1)  # gamma, beta, alpha
+    assert count["batchnorm"] - count["none"] == n_norms * 2 * d  # gamma, beta (running stats are buffers)
+    qk = GPT(tiny_config(norm_type="rmsnorm", qk_norm=True)).num_params()
+    assert qk - count["rmsnorm"] == 2 * 2 * (d // 2)  # q_norm and k_norm over D = 16, per block
+
+
+# ------------------------------------------------------------------ refused combinations
+
+
+@pytest.mark.parametrize("norm", ["none", "batchnorm"])
+def test_qk_norm_with_a_norm_that_cannot_serve_is_refused(norm):
+    with pytest.raises(ValueError, match=f"qk_norm cannot be used with norm_type '{norm}'") as err:
+        tiny_config(qk_norm=True, norm_type=norm)
+    assert QK_NORM_EXCLUDED[norm] in str(err.value)
+
+
+@pytest.mark.parametrize("value", [0.0, -0.5, float("nan"), float("inf")])
+def test_dyt_alpha_init_must_be_positive_and_finite(value):
+    with pytest.raises(ValueError, match="dyt_alpha_init must be a positive finite number"):
+        GPTConfig(dyt_alpha_init=value)
+
+
+def test_variant_problems_are_reported_together_from_the_command_line():
+    with pytest.raises(BabyGPTError) as err:
+        load_config(["--device=cpu", "--norm_type=batchnorm", "--qk_norm=true", "--dyt_alpha_init=-1",
+                     "--norm_placement=sandwhich"])
+    problems = err.value.problems
+    assert len(problems) == 3
+    joined = "\n".join(problems)
+    assert "qk_norm cannot be used with norm_type 'batchnorm'" in joined
+    assert "dyt_alpha_init must be a positive finite number, got -1.0" in joined
+    assert "unknown norm_placement 'sandwhich'" in joined and "did you mean 'sandwich'" in joined
+
+
+def test_variant_keys_reach_the_model_config():
+    cfg = load_config(["--device=cpu", "--norm_placement=deepnorm", "--norm_type=dyt", "--qk_norm=true",
+                       "--dyt_alpha_init=0.8"])
+    model_cfg = cfg.model_config(vocab_size=29)
+    assert (model_cfg.norm_placement, model_cfg.qk_norm, model_cfg.dyt_alpha_init) == ("deepnorm", True, 0.8)
+    assert not model_cfg.use_final_norm
+
+
+@pytest.mark.parametrize("name,placement,norm,qk", [
+    ("prenorm_scale", "pre", "scalenorm", False), ("prenorm_dyt", "pre", "dyt", False),
+    ("prenorm_rmsnoparam", "pre", "rmsnorm_noparam", False), ("prenorm_bn", "pre", "batchnorm", False),
+    ("sandwich_rms", "sandwich", "rmsnorm", False), ("deepnorm_ln", "deepnorm", "layernorm", False),
+    ("prenorm_rms_qknorm", "pre", "rmsnorm", True),
+])
+def test_variant_config_files_build_their_model(name, placement, norm, qk):
+    path = os.path.join(ROOT, "config", f"{name}.py")
+    cfg = load_config([path, "--device=cpu", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16"])
+    model_cfg = cfg.model_config(vocab_size=29)
+    assert (model_cfg.norm_placement, model_cfg.norm_type, model_cfg.qk_norm) == (placement, norm, qk)
+    x = torch.randint(29, (2, 16))
+    assert torch.isfinite(GPT(model_cfg)(x, x)[1])
