@@ -30,8 +30,9 @@ def run(main, argv: list[str]) -> int:
     except BabyGPTError as e:
         if debug:
             traceback.print_exc()
+        rank = os.environ.get("RANK", "0")  # under torchrun, say which process hit the problem
         for problem in e.problems:
-            print(f"error: {problem}", file=sys.stderr)
+            print(f"error: {problem}" if rank == "0" else f"error: [rank {rank}] {problem}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:  # e.g. sample.py ... | head: the reader is gone, nothing to report
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
@@ -53,20 +54,22 @@ def train_main(argv: list[str]) -> int:
     cfg = load_config(argv)
     summary = train(cfg, argv)
     status, out = summary["status"], cfg.out_dir
+    # Every rank returns the same exit code; only rank 0 (or the only process) speaks.
+    say = print if os.environ.get("RANK", "0") == "0" else (lambda *a, **k: None)
     if status == "interrupted":
-        resume = "python train.py " + shlex.join(
-            [*[a for a in argv if not a.startswith("--init_from=")], "--init_from=resume"])
-        print(f"interrupted by {summary['signal']} at iteration {summary['iter']}; checkpoint saved to "
-              f"{out}/ckpt.pt; resume with: {resume}", file=sys.stderr)
+        args = shlex.join([*[a for a in argv if not a.startswith("--init_from=")], "--init_from=resume"])
+        launcher = "torchrun [the same options] train.py" if "world_size" in summary else "python train.py"
+        say(f"interrupted by {summary['signal']} at iteration {summary['iter']}; checkpoint saved to "
+            f"{out}/ckpt.pt; resume with: {launcher} {args}", file=sys.stderr)
         return EXIT_SIGNAL_BASE + getattr(signal, summary["signal"])
     if status == "diverged":
-        print(f"diverged: non-finite loss at iteration {summary['diverged_at']}; the last good state is in "
-              f"{out}/ckpt.pt and {out}/best.pt; see {out}/summary.json", file=sys.stderr)
+        say(f"diverged: non-finite loss at iteration {summary['diverged_at']}; the last good state is in "
+            f"{out}/ckpt.pt and {out}/best.pt; see {out}/summary.json", file=sys.stderr)
         return EXIT_DIVERGED
     best = summary["best_val_loss"]
-    print(f"done: {summary['iter']} iterations, best val loss "
-          f"{'n/a' if best is None else f'{best:.4f}'}; "
-          f"sample with: python sample.py --ckpt {out}/best.pt")
+    say(f"done: {summary['iter']} iterations, best val loss "
+        f"{'n/a' if best is None else f'{best:.4f}'}; "
+        f"sample with: python sample.py --ckpt {out}/best.pt")
     return 0
 
 

@@ -12,6 +12,7 @@ Every file is replaced atomically, so a kill at any moment leaves a loadable che
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
@@ -25,8 +26,10 @@ import time
 
 import numpy as np
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from . import distributed
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig, to_dict
 from .data import BatchSampler, CharTokenizer, load_dataset
@@ -35,7 +38,6 @@ from .files import atomic_open, write_atomic
 from .model import GPT, GPTConfig
 from .runtime import autocast, check_dtype, resolve_device
 
-EVAL_SEED_OFFSET = 1  # eval batches come from seed + 1: the same windows at every eval, in every run
 
 
 def lr_at(it: int, cfg: TrainConfig) -> float:
@@ -50,13 +52,14 @@ def lr_at(it: int, cfg: TrainConfig) -> float:
 
 
 @torch.no_grad()
-def estimate_loss(model: GPT, splits: dict, cfg: TrainConfig, device: torch.device) -> dict:
-    """Mean loss over eval_iters batches of each split, with dropout off."""
+def estimate_loss(model: GPT, splits: dict, cfg: TrainConfig, device: torch.device, seed: int) -> dict:
+    """Mean loss over eval_iters batches of each split, with dropout off. A fresh sampler
+    from ``seed`` makes every eval of a run use the same windows."""
     was_training = model.training
     model.eval()
     out = {}
     for split, data in splits.items():
-        sampler = BatchSampler(data, cfg.block_size, cfg.batch_size, cfg.seed + EVAL_SEED_OFFSET, device, split)
+        sampler = BatchSampler(data, cfg.block_size, cfg.batch_size, seed, device, split)
         losses = torch.zeros(cfg.eval_iters)
         for k in range(cfg.eval_iters):
             x, y = sampler.next_batch()
@@ -68,10 +71,12 @@ def estimate_loss(model: GPT, splits: dict, cfg: TrainConfig, device: torch.devi
 
 
 MODEL_FIELDS = [f.name for f in dataclasses.fields(GPTConfig)]
+MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GPTConfig)}
 
 
 def _check_resume_compatible(ckpt: dict, model_cfg: GPTConfig, tok: CharTokenizer, path: str) -> None:
-    saved = ckpt.get("model_config", {})
+    # A field added to GPTConfig after the checkpoint was written has its default there.
+    saved = {**MODEL_DEFAULTS, **ckpt.get("model_config", {})}
     diffs = [f"{k}={saved.get(k)!r} there, {getattr(model_cfg, k)!r} here"
              for k in MODEL_FIELDS if saved.get(k) != getattr(model_cfg, k)]
     if diffs:
@@ -137,17 +142,18 @@ def _rng_state(device: torch.device) -> dict:
         "python": random.getstate(),
         "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
+        # This process's GPU only: asking for every GPU's state would open a context on each.
+        "cuda": [torch.cuda.get_rng_state(device)] if device.type == "cuda" else [],
     }
 
 
-def _set_rng_state(state: dict) -> None:
+def _set_rng_state(state: dict, device: torch.device) -> None:
     random.setstate(state["python"])
     kind, keys, *rest = state["numpy"]
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), *rest))
     torch.set_rng_state(state["torch"])
-    if state["cuda"]:
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if state["cuda"] and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"][0], device)
 
 
 class _StopSignals:
@@ -198,24 +204,39 @@ def _compile_or_fall_back(model: GPT, cfg: TrainConfig, device: torch.device):
 
 
 class Trainer:
-    """Owns the model, optimizer, data samplers and run directory of one training run."""
+    """Owns the model, optimizer, data samplers and run directory of one training run.
+
+    Under torchrun (see distributed.py) there is one Trainer per rank: each draws its own
+    batches, DistributedDataParallel averages the gradients, and only rank 0 writes files
+    or prints. Every decision that ends the run is taken on values all ranks share (the
+    averaged losses, an agreed signal), so the ranks always stop at the same iteration."""
 
     def __init__(self, cfg: TrainConfig, argv: list[str] | None = None):
         self.cfg, self.argv = cfg, list(argv or [])
+        self.dist = distributed.from_env()
+        self.main = self.dist.is_main  # rank 0, or the only process: the one that writes and prints
         # Every check comes before the first write, so a refused run leaves the disk as it was.
-        self.device = resolve_device(cfg.device)
-        check_dtype(self.device, cfg.dtype)
+        device = resolve_device(cfg.device)
+        check_dtype(device, cfg.dtype)
         _check_out_dir(cfg)
+        self.device, self._owns_group = distributed.setup(self.dist, device)
+        if not self.main:
+            self.dist.barrier()  # rank 0 prepares the data (if needed) before the others read it
         train_data, val_data, self.tok = load_dataset(cfg.data_dir)
+        if self.main:
+            self.dist.barrier()
         self.splits = {"train": train_data, "val": val_data}
         self.model_cfg = cfg.model_config(self.tok.vocab_size)
-        self.sampler = BatchSampler(train_data, cfg.block_size, cfg.batch_size, cfg.seed, self.device)
+        self.sampler = BatchSampler(train_data, cfg.block_size, cfg.batch_size,
+                                    self.dist.train_seed(cfg.seed), self.device)
         BatchSampler(val_data, cfg.block_size, cfg.batch_size, cfg.seed, self.device, "val")  # size check
 
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.model = GPT(self.model_cfg).to(self.device)
+        if self.dist.enabled:
+            torch.manual_seed(self.dist.train_seed(cfg.seed))  # but each rank its own dropout masks
         self.optimizer = self.model.configure_optimizers(
             cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), fused=self.device.type == "cuda")
         # Loss scaling is needed only for float16 (its narrow exponent range underflows small gradients).
@@ -233,32 +254,45 @@ class Trainer:
         config_path = os.path.join(cfg.out_dir, "config.json")
         run_info = {"config": to_dict(cfg), "argv": self.argv, "device": str(self.device),
                     "torch": torch.__version__, "num_params": self.model.num_params(), "resumes": []}
+        if self.dist.enabled:
+            run_info["world_size"] = self.dist.world_size
         if cfg.init_from == "resume":
+            # Every rank reads the checkpoint: across nodes, out_dir must be on a shared filesystem.
             self._load(load_checkpoint(self.ckpt_path, map_location="cpu"))
             if os.path.exists(config_path):
                 with open(config_path, encoding="utf-8") as f:
                     run_info = json.load(f)
             run_info.setdefault("resumes", []).append({"iter": self.iter, "argv": self.argv,
                                                        "config": to_dict(cfg)})
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        for stale in glob.glob(os.path.join(cfg.out_dir, ".tmp-*")):  # left by a kill mid-write
-            os.remove(stale)
-        _rewrite_metrics(self.metrics_path, self.iter if cfg.init_from == "resume" else -1)
-        _write_json(config_path, run_info)
+        if self.main:
+            os.makedirs(cfg.out_dir, exist_ok=True)
+            for stale in glob.glob(os.path.join(cfg.out_dir, ".tmp-*")):  # left by a kill mid-write
+                os.remove(stale)
+            _rewrite_metrics(self.metrics_path, self.iter if cfg.init_from == "resume" else -1)
+            _write_json(config_path, run_info)
 
-        self.forward_model = self.model
+        # eval_model: the (compiled) model itself; forward_model adds DDP's gradient averaging.
+        self.eval_model = self.model
         if cfg.compile:
-            self.forward_model = _compile_or_fall_back(self.model, cfg, self.device)
+            self.eval_model = _compile_or_fall_back(self.model, cfg, self.device)
+        self.forward_model = self.eval_model
+        if self.dist.enabled:
+            self.forward_model = DistributedDataParallel(
+                self.eval_model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
     # ------------------------------------------------------------- checkpoints
 
     def _state(self) -> dict:
+        """Everything a resume needs. Under DDP a collective: each rank's sampler and RNG
+        state are gathered so that every rank resumes exactly where it stopped."""
+        rank_state = {"sampler": self.sampler.state_dict(), "rng": _rng_state(self.device)}
         return {
             "model": self.model.state_dict(),  # the uncompiled module: no _orig_mod. prefixes
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "sampler": self.sampler.state_dict(),
-            "rng": _rng_state(self.device),
+            **rank_state,  # rank 0's (the whole state of a single-process run)
+            "world_size": self.dist.world_size,
+            "ranks": self.dist.gather(rank_state) if self.dist.enabled else [],
             "config": to_dict(self.cfg),
             "model_config": dataclasses.asdict(self.model_cfg),
             "vocab": self.tok.chars,
@@ -270,17 +304,29 @@ class Trainer:
                          "scaler_skipped_steps": self.scaler_skipped_steps},
         }
 
+    def _save(self, *paths: str) -> None:
+        state = self._state()  # on every rank (it may gather); written by rank 0 only
+        if self.main:
+            for path in paths:
+                save_checkpoint(state, path)
+
     def _load(self, ckpt: dict) -> None:
         _check_resume_compatible(ckpt, self.model_cfg, self.tok, self.ckpt_path)
+        saved_world = ckpt.get("world_size", 1)
+        if saved_world != self.dist.world_size:
+            raise BabyGPTError(f"{self.ckpt_path} was written by {saved_world} process(es), this run has "
+                               f"{self.dist.world_size}; resume with the same number (torchrun "
+                               f"--nproc_per_node), or start a new --out_dir")
         try:
             self.model.load_state_dict(ckpt["model"])
             self.optimizer.load_state_dict(ckpt["optimizer"])
             if ckpt["scaler"]:  # empty when the checkpointed run did not use float16
                 self.scaler.load_state_dict(ckpt["scaler"])
-            self.sampler.load_state_dict(ckpt["sampler"])
-            rng = ckpt["rng"]
+            own = ckpt["ranks"][self.dist.rank] if self.dist.enabled else ckpt
+            self.sampler.load_state_dict(own["sampler"])
+            rng = own["rng"]
             counters = ckpt["counters"]
-        except (KeyError, RuntimeError, ValueError, TypeError) as e:
+        except (KeyError, IndexError, RuntimeError, ValueError, TypeError) as e:
             raise BabyGPTError(f"{self.ckpt_path} is damaged or from an incompatible version "
                                f"({type(e).__name__}); start a new --out_dir") from None
         self.iter, self.best_val_loss = ckpt["iter"], ckpt["best_val_loss"]
@@ -292,6 +338,8 @@ class Trainer:
     # ------------------------------------------------------------- the loop
 
     def _log(self, row: dict, sync: bool = False) -> None:
+        if not self.main:
+            return
         with open(self.metrics_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
             if sync:  # eval rows reach the disk before the checkpoint that follows them
@@ -302,12 +350,17 @@ class Trainer:
         """Evaluate, log ``row`` with the eval losses, then checkpoint. Returns False if the
         run must stop: a non-finite eval loss with nonfinite=stop. A non-finite eval never
         overwrites the checkpoints, which keep the last good state."""
-        losses = estimate_loss(self.forward_model, self.splits, self.cfg, self.device)
+        local = estimate_loss(self.eval_model, self.splits, self.cfg, self.device,
+                              self.dist.eval_seed(self.cfg.seed))
+        # Each rank evaluated its own windows: the average is the loss over all of them.
+        mean = self.dist.mean(torch.tensor([local["train"], local["val"]], device=self.device)).tolist()
+        losses = {"train": mean[0], "val": mean[1]}
         row.update(train_loss=_finite_or_none(losses["train"]), val_loss=_finite_or_none(losses["val"]))
         speed = f" | {row['tokens_per_s'] / 1e3:.1f}k tok/s" if row["tokens_per_s"] else ""
-        tqdm.write(f"step {self.iter} | train {losses['train']:.4f} | val {losses['val']:.4f} | "
-                   f"lr {row['lr']:.1e}{speed}")
-        sys.stdout.flush()  # eval lines show up promptly when stdout is a file or a pipe
+        if self.main:
+            tqdm.write(f"step {self.iter} | train {losses['train']:.4f} | val {losses['val']:.4f} | "
+                       f"lr {row['lr']:.1e}{speed}")
+            sys.stdout.flush()  # eval lines show up promptly when stdout is a file or a pipe
         if row["train_loss"] is None or row["val_loss"] is None:
             if self.first_nonfinite is None:
                 self.first_nonfinite = self.iter
@@ -317,16 +370,17 @@ class Trainer:
             return self.cfg.nonfinite != "stop"
         self.last_eval = {"iter": self.iter, "train_loss": row["train_loss"], "val_loss": row["val_loss"]}
         self._log(row, sync=True)
-        if row["val_loss"] < self.best_val_loss:
+        best = row["val_loss"] < self.best_val_loss
+        if best:
             self.best_val_loss = row["val_loss"]
-            save_checkpoint(self._state(), os.path.join(self.cfg.out_dir, "best.pt"))
-        save_checkpoint(self._state(), self.ckpt_path)
+        self._save(self.ckpt_path, *([os.path.join(self.cfg.out_dir, "best.pt")] if best else []))
         return True
 
     def _drain(self, window: list) -> list[float]:
         """Move the per-step losses since the last metrics row to the host (one sync) and
-        note the first non-finite one."""
-        losses = torch.stack(window).tolist() if window else []
+        note the first non-finite one. Under DDP the losses are averaged over ranks first:
+        the logged loss is the global batch's, and a NaN on any rank is seen by all."""
+        losses = self.dist.mean(torch.stack(window)).tolist() if window else []
         first_bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
         if first_bad is not None and self.first_nonfinite is None:
             self.first_nonfinite = self.iter - len(losses) + 1 + first_bad
@@ -340,13 +394,17 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         step_loss = torch.zeros((), device=self.device)
-        for _ in range(cfg.gradient_accumulation_steps):
+        for micro in range(cfg.gradient_accumulation_steps):
             x, y = self.sampler.next_batch()  # (B, T) each
-            with autocast(self.device, cfg.dtype):
-                _, loss = self.forward_model(x, y)
-            loss = loss / cfg.gradient_accumulation_steps
-            step_loss += loss.detach()
-            self.scaler.scale(loss).backward()
+            # DDP averages gradients across ranks during backward; accumulate locally and
+            # communicate once, on the last micro-step.
+            last = micro == cfg.gradient_accumulation_steps - 1
+            with contextlib.nullcontext() if last or not self.dist.enabled else self.forward_model.no_sync():
+                with autocast(self.device, cfg.dtype):
+                    _, loss = self.forward_model(x, y)
+                loss = loss / cfg.gradient_accumulation_steps
+                step_loss += loss.detach()
+                self.scaler.scale(loss).backward()
         self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the loss-scaled ones
         grad_norm = torch.zeros((), device=self.device)
         if cfg.grad_clip > 0 or cfg.nonfinite == "skip":
@@ -355,7 +413,8 @@ class Trainer:
         # With a GradScaler, inf gradients are routine (the scale is too high) and the scaler
         # skips those steps itself; nonfinite=skip then acts on the loss alone.
         check = step_loss if self.scaler.is_enabled() else step_loss + grad_norm
-        if cfg.nonfinite == "skip" and not torch.isfinite(check):  # syncs: skip mode only
+        # The loss is per rank: summed over ranks, every rank takes the same decision.
+        if cfg.nonfinite == "skip" and not torch.isfinite(self.dist.sum(check.clone())):  # syncs: skip mode only
             self.optimizer.zero_grad(set_to_none=True)
             self.scaler.update()
             self.skipped_steps += 1
@@ -375,11 +434,28 @@ class Trainer:
         Writes summary.json and returns it."""
         self.t_start = time.perf_counter()
         if self._resume_rng is not None:
-            _set_rng_state(self._resume_rng)
+            _set_rng_state(self._resume_rng, self.device)
         self.forward_model.train()
-        with _StopSignals() as stop:
-            status = self._loop(stop)
-        return self._write_summary(status, stop.signum if status == "interrupted" else None)
+        self.stop_signal = None  # the signal all ranks agreed to stop on
+        try:
+            with _StopSignals() as stop:
+                status = self._loop(stop)
+            return self._write_summary(status, self.stop_signal if status == "interrupted" else None)
+        finally:
+            if self._owns_group:
+                distributed.shutdown()
+
+    def _agreed_signal(self, stop: _StopSignals) -> int | None:
+        """The signal to stop on, if any. One process checks at every iteration; under DDP
+        the ranks compare at each metrics row (one small all-reduce there), because a signal
+        reaches each rank at a slightly different moment and they must stop together."""
+        if not self.dist.enabled:
+            return stop.signum
+        if self.iter % self.cfg.log_interval:
+            return None
+        flag = torch.tensor([float(stop.signum or 0)], device=self.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return int(flag.item()) or None
 
     def _loop(self, stop: _StopSignals) -> str:
         cfg = self.cfg
@@ -389,19 +465,22 @@ class Trainer:
             if not self._evaluate_and_checkpoint(row):
                 return "diverged"
         elif self.iter >= cfg.max_iters:  # e.g. killed after its last checkpoint: it is complete
-            print(f"{self.ckpt_path} is already at iteration {self.iter} (max_iters {cfg.max_iters}): "
-                  f"nothing to train; pass a larger --max_iters to continue", file=sys.stderr)
+            if self.main:
+                print(f"{self.ckpt_path} is already at iteration {self.iter} (max_iters {cfg.max_iters}): "
+                      f"nothing to train; pass a larger --max_iters to continue", file=sys.stderr)
             return "finished"
-        tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps
+        tokens_per_iter = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps * self.dist.world_size
         window: list[torch.Tensor] = []  # per-step losses since the last metrics row, on device
         t_last = time.perf_counter()
-        with tqdm(total=cfg.max_iters, initial=self.iter, disable=None, dynamic_ncols=True, leave=False) as bar:
+        with tqdm(total=cfg.max_iters, initial=self.iter, disable=None if self.main else True,
+                  dynamic_ncols=True, leave=False) as bar:
             while self.iter < cfg.max_iters:
-                if stop.signum is not None:
+                self.stop_signal = self._agreed_signal(stop)
+                if self.stop_signal is not None:
                     self._drain(window)
                     if stops_on_nonfinite and self.first_nonfinite is not None:
                         return "diverged"  # do not checkpoint a state that has already gone bad
-                    save_checkpoint(self._state(), self.ckpt_path)
+                    self._save(self.ckpt_path)
                     return "interrupted"
                 lr = lr_at(self.iter, cfg)
                 window.append(self.step(lr))
@@ -446,7 +525,10 @@ class Trainer:
             "wall_time_s": round(self.elapsed_before + time.perf_counter() - self.t_start, 3),
             "signal": signal.Signals(signum).name if signum else None,
         }
-        _write_json(os.path.join(self.cfg.out_dir, "summary.json"), summary)
+        if self.dist.enabled:
+            summary["world_size"] = self.dist.world_size
+        if self.main:
+            _write_json(os.path.join(self.cfg.out_dir, "summary.json"), summary)
         return summary
 
 

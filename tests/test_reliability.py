@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from babygpt.checkpoint import load_checkpoint
+from babygpt.checkpoint import load_checkpoint, save_checkpoint
 from babygpt.config import load_config
 from babygpt.errors import BabyGPTError
 from babygpt.trainer import Trainer, train
@@ -85,6 +85,19 @@ def test_resume_is_bit_identical(data_dir, tmp_path):
     assert len(losses(full)) == n
     assert losses(resumed) == losses(full)
     assert comparable(resumed) == comparable(full)
+
+
+def test_checkpoint_older_than_a_model_field_still_resumes(data_dir, tmp_path):
+    """A checkpoint written before a GPTConfig field existed resumes with that field's default."""
+    out = tmp_path / "run"
+    common = [f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS]
+    train(load_config([*common, "--max_iters=10"]))
+    ckpt = load_checkpoint(str(out / "ckpt.pt"))
+    for field in ("qk_norm", "dyt_alpha_init"):  # fields added after the first checkpoints
+        del ckpt["model_config"][field]
+    save_checkpoint(ckpt, str(out / "ckpt.pt"))
+    summary = train(load_config([*common, "--max_iters=12", "--init_from=resume"]))
+    assert summary["status"] == "finished" and summary["iter"] == 12
 
 
 # ------------------------------------------------------------------ SIGKILL at random moments
@@ -228,7 +241,7 @@ def test_nonfinite_eval_stops_without_overwriting_checkpoints(data_dir, tmp_path
     out = tmp_path / "run"
     cfg = load_config([f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=40"])
     trainer = Trainer(cfg)
-    trainer.forward_model = NaNAfter(trainer.model, 15, in_eval=True)
+    trainer.forward_model = trainer.eval_model = NaNAfter(trainer.model, 15, in_eval=True)
     s = trainer.train()
     assert s["status"] == "diverged" and s["diverged_at"] == 20 and s["final_eval_iter"] == 10
     assert load_checkpoint(str(out / "ckpt.pt"))["iter"] == 10

@@ -1,0 +1,28 @@
+"""Launched by torchrun from test_distributed.py: train like train.py, then report whether the
+ranks ended with identical parameters (rank 0 writes ranks.json into out_dir)."""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from babygpt.config import load_config  # noqa: E402
+from babygpt.trainer import Trainer  # noqa: E402
+
+dist.init_process_group("gloo")  # owned here, so the Trainer leaves it open for the check below
+cfg = load_config(sys.argv[1:])
+trainer = Trainer(cfg, sys.argv[1:])
+summary = trainer.train()
+flat = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
+every = [torch.zeros_like(flat) for _ in range(dist.get_world_size())]
+dist.all_gather(every, flat)
+if dist.get_rank() == 0:
+    with open(os.path.join(cfg.out_dir, "ranks.json"), "w") as f:
+        json.dump({"world_size": dist.get_world_size(), "status": summary["status"],
+                   "max_abs_diff": max((t - every[0]).abs().max().item() for t in every),
+                   "param_norm": flat.norm().item()}, f)
+dist.destroy_process_group()

@@ -1,0 +1,139 @@
+"""Data-parallel training under torchrun: 2 CPU processes with the gloo backend.
+
+One 2-rank run is compared with a single-process reference loop that feeds batch 2B made of
+the two ranks' batches; a second launch interrupted half way and resumed must end with the
+very same weights."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from babygpt.checkpoint import load_checkpoint
+from babygpt.config import load_config
+from babygpt.data import BatchSampler, load_dataset
+from babygpt.distributed import Dist
+from babygpt.model import GPT
+from babygpt.trainer import lr_at
+from conftest import ROOT, TINY_TRAIN_ARGS, prepare_small_data
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+
+ITERS = 8
+ARGS = [*TINY_TRAIN_ARGS, "--log_interval=1", "--eval_interval=4", f"--lr_decay_iters={ITERS}",
+        "--learning_rate=3e-3", "--min_lr=3e-4"]
+
+
+def torchrun(script, *args, cwd):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           os.path.join(ROOT, script), *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    """One 2-rank run of ITERS iterations through the test worker; its directory and output."""
+    tmp = tmp_path_factory.mktemp("ddp")
+    data_dir = prepare_small_data(tmp)
+    out = tmp / "run"
+    proc = torchrun("tests/ddp_worker.py", *ARGS, f"--data_dir={data_dir}", f"--out_dir={out}",
+                    f"--max_iters={ITERS}", cwd=tmp)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {"tmp": tmp, "data_dir": data_dir, "out": out, "proc": proc}
+
+
+def reference_losses(data_dir):
+    """One process, batch 2B: rank 0's batch followed by rank 1's, the same schedule and clipping."""
+    cfg = load_config([*ARGS, f"--data_dir={data_dir}", f"--max_iters={ITERS}"])
+    train_data, _, tok = load_dataset(data_dir)
+    torch.manual_seed(cfg.seed)
+    model = GPT(cfg.model_config(tok.vocab_size))
+    opt = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2))
+    samplers = [BatchSampler(train_data, cfg.block_size, cfg.batch_size, Dist(r, r, 2).train_seed(cfg.seed))
+                for r in range(2)]
+    losses = []
+    for it in range(ITERS):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(it, cfg)
+        batches = [s.next_batch() for s in samplers]
+        x, y = (torch.cat(parts) for parts in zip(*batches))  # (2B, T)
+        loss = model(x, y)[1]
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses, model.state_dict()
+
+
+def test_two_ranks_equal_one_process_with_twice_the_batch(ddp_run):
+    rows = [json.loads(line) for line in open(ddp_run["out"] / "metrics.jsonl")]
+    logged = [r["loss"] for r in rows if r["iter"] > 0]
+    ref_losses, ref_state = reference_losses(ddp_run["data_dir"])
+    assert len(logged) == ITERS
+    assert_close(torch.tensor(logged), torch.tensor(ref_losses), rtol=1e-4, atol=1e-5)
+    ddp_state = load_checkpoint(str(ddp_run["out"] / "ckpt.pt"))["model"]
+    for name, ref in ref_state.items():
+        assert_close(ddp_state[name], ref, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_parameters_identical_on_both_ranks(ddp_run):
+    ranks = json.load(open(ddp_run["out"] / "ranks.json"))
+    assert ranks["world_size"] == 2 and ranks["status"] == "finished"
+    assert ranks["param_norm"] > 0
+    assert ranks["max_abs_diff"] == 0.0
+
+
+def test_only_rank_zero_writes_and_prints(ddp_run):
+    out, proc = ddp_run["out"], ddp_run["proc"]
+    iters = [json.loads(line)["iter"] for line in open(out / "metrics.jsonl")]
+    assert iters == list(range(ITERS + 1))  # each row once: rank 1 wrote nothing
+    assert proc.stdout.count(f"step {ITERS} |") == 1
+    summary = json.load(open(out / "summary.json"))
+    assert summary["world_size"] == 2 and summary["status"] == "finished"
+    assert sorted(os.listdir(out)) == ["best.pt", "ckpt.pt", "config.json", "metrics.jsonl", "ranks.json",
+                                       "summary.json"]
+
+
+def test_resume_under_torchrun_matches_the_uninterrupted_run(ddp_run):
+    tmp, data_dir = ddp_run["tmp"], ddp_run["data_dir"]
+    out = tmp / "resumed"
+    common = [*ARGS, f"--data_dir={data_dir}", f"--out_dir={out}"]
+    first = torchrun("train.py", *common, f"--max_iters={ITERS // 2}", cwd=tmp)
+    assert first.returncode == 0, first.stderr
+    second = torchrun("train.py", *common, f"--max_iters={ITERS}", "--init_from=resume", cwd=tmp)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.count("done:") == 1
+    resumed = load_checkpoint(str(out / "ckpt.pt"))
+    straight = load_checkpoint(str(ddp_run["out"] / "ckpt.pt"))
+    assert resumed["iter"] == straight["iter"] == ITERS
+    for name, value in straight["model"].items():
+        assert torch.equal(resumed["model"][name], value), name
+    assert len(resumed["ranks"]) == 2
+
+
+def test_resume_with_another_number_of_processes_is_refused(ddp_run, tmp_path):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(ddp_run["out"], out)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *ARGS,
+                           f"--data_dir={ddp_run['data_dir']}", f"--out_dir={out}", f"--max_iters={ITERS + 2}",
+                           "--init_from=resume"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "written by 2 process(es), this run has 1" in proc.stderr
+
+
+def test_malformed_torchrun_environment_is_a_one_line_error(tmp_path):
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2"}
+    env.pop("LOCAL_RANK", None)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *TINY_TRAIN_ARGS,
+                           f"--out_dir={tmp_path / 'run'}", "--data_dir=nowhere"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "LOCAL_RANK not" in proc.stderr and "torchrun" in proc.stderr
+    assert not (tmp_path / "run").exists()
