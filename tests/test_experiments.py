@@ -122,3 +122,35 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
         assert all(r["status"] in ("finished", "diverged") for r in read_csv(tmp_path / "res" / "results.csv"))
     if script == "exp3_prenorm_vs_postnorm":
         assert len(read_csv(tmp_path / "res" / "results.csv")) == 4  # 1 depth x 2 placements x 2 warmups
+
+
+def test_exp5_norm_speed_quick_mode(data_dir, tmp_path):
+    """Every implementation (the registry, read now, and PyTorch's two) gets a timing row per
+    pass and width, and every norm_type a training-speed row; --quick compiles nothing."""
+    from babygpt.norms import NORMS
+
+    proc = run_script("experiments/exp5_norm_speed.py", "--quick", "--out=res", f"--data_dir={data_dir}",
+                      cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = tmp_path / "res"
+    for name in ("norm_speed.csv", "end_to_end.csv", "norm_speed.png", "report.md"):
+        assert (res / name).stat().st_size > 0, name
+    impls = [*NORMS, "F.layer_norm", "F.rms_norm"]
+    rows = read_csv(res / "norm_speed.csv")
+    assert {r["mode"] for r in rows} == {"eager"}
+    for impl in impls:
+        mine = [r for r in rows if r["impl"] == impl and r["dtype"] == "float32" and r["device"] == "cpu"]
+        assert {(r["pass"], r["width"]) for r in mine} == {(p, w) for p in ("fwd", "fwdbwd") for w in ("128", "512")}
+        assert all(r["status"] == "ok" and float(r["us"]) > 0 for r in mine), impl
+    e2e = {r["norm_type"]: r for r in read_csv(res / "end_to_end.csv")}
+    assert set(e2e) == set(NORMS)
+    assert all(float(r["tokens_per_s"]) > 0 for r in e2e.values() if r["status"] == "ok")
+    report = (res / "report.md").read_text()
+    assert "Command: `python experiments/exp5_norm_speed.py" in report and "## Answer" in report
+    assert "| width | mode | " + " | ".join(impls) + " |" in report
+
+
+def test_exp5_norm_speed_rejects_unmeasured_compile_width(tmp_path):
+    proc = run_script("experiments/exp5_norm_speed.py", "--quick", "--compile_widths=100", cwd=tmp_path)
+    assert proc.returncode == 2 and "--compile_widths must be among" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "results").exists()
