@@ -28,7 +28,8 @@ from .runtime import DTYPES, autocast
 BENCH_FLAGS = {"--json": None, "--windows": 5, "--window_iters": 10, "--sample_tokens": 500}
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for the device to finish queued work, so that a timer measures the work (no-op on CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize()
 
@@ -40,10 +41,10 @@ def matmul_peak(device: torch.device, dtype: str, n: int = 2048, repeats: int = 
     a @ b  # warm-up
     times = []
     for _ in range(repeats):
-        _sync(device)
+        sync(device)
         t = time.perf_counter()
         a @ b
-        _sync(device)
+        sync(device)
         times.append(time.perf_counter() - t)
     return 2 * n**3 / statistics.median(times)
 
@@ -61,7 +62,7 @@ def bench_training(trainer, windows: int, window_iters: int) -> dict:
     trainer.forward_model.train()
     for _ in range(3):  # warm-up: allocator, compile, caches
         trainer.step(cfg.learning_rate)
-    _sync(device)
+    sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     times = []
@@ -70,7 +71,7 @@ def bench_training(trainer, windows: int, window_iters: int) -> dict:
         for _ in range(window_iters):
             loss = trainer.step(cfg.learning_rate)
         loss.item()  # wait for the last step, as a real logging step would
-        _sync(device)
+        sync(device)
         times.append((time.perf_counter() - t) / window_iters)
     step = statistics.median(times)
     tokens = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps
@@ -85,10 +86,10 @@ def bench_sampling(model, device: torch.device, dtype: str, new_tokens: int, use
                                    generator=torch.Generator(device=device).manual_seed(0))
     with autocast(device, dtype):
         gen(min(20, new_tokens))  # warm-up
-        _sync(device)
+        sync(device)
         t = time.perf_counter()
         gen(new_tokens)
-        _sync(device)
+        sync(device)
     return new_tokens / (time.perf_counter() - t)
 
 
@@ -114,6 +115,7 @@ def run_bench(argv: list[str]) -> tuple[dict, str | None]:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config([*rest, f"--out_dir={tmp}/run", "--init_from=scratch"])
         trainer = Trainer(cfg, argv)
+        cfg = trainer.cfg  # with dtype=auto resolved
         device, model = trainer.device, trainer.model
         train = bench_training(trainer, windows, window_iters)
     peak = matmul_peak(device, cfg.dtype)

@@ -39,8 +39,9 @@ class TrainConfig:
     out_dir: str = _opt("out/run", "run directory: config.json, metrics.jsonl, ckpt.pt, best.pt")
     data_dir: str = _opt("data/shakespeare_char", "holds input.txt; train.bin/val.bin/meta.json are made there")
     device: Literal["auto", "cpu", "cuda", "mps"] = _opt("auto", "auto = cuda if available, else mps, else cpu")
-    dtype: Literal["float32", "bfloat16", "float16"] = _opt(
-        "float32", "autocast dtype; float16 needs CUDA (uses a GradScaler), bfloat16 works on CPU too")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = _opt(
+        "auto", "autocast dtype; auto = bfloat16 on CUDA (float16 + GradScaler if the GPU lacks bf16), "
+                "float32 on CPU/MPS; bfloat16 also works on CPU; float16 needs CUDA")
     compile: bool = _opt(False, "torch.compile the model (falls back to eager with a warning)")
     seed: int = _opt(1337, "seed for init, batches and dropout")
     # data
@@ -69,11 +70,13 @@ class TrainConfig:
     warmup_iters: int = _opt(100, "linear warmup from 0 to learning_rate over this many iterations")
     lr_decay_iters: Optional[int] = _opt(None, "cosine decay reaches min_lr here; none = max_iters")
     min_lr: float = _opt(2e-4, "learning rate at the end of the cosine decay")
-    max_iters: int = _opt(2000, "optimizer steps in total")
+    max_iters: int = _opt(2400, "optimizer steps in total")
     # logging and checkpoints
-    eval_interval: int = _opt(250, "evaluate train/val loss and checkpoint every this many iterations")
+    eval_interval: int = _opt(400, "evaluate train/val loss and checkpoint every this many iterations")
     eval_iters: int = _opt(50, "batches per split in each evaluation")
     log_interval: int = _opt(10, "write a metrics row every this many iterations")
+    diag_interval: int = _opt(0, "every this many iterations, log per-layer stream RMS, grad norm and "
+                                 "update/weight ratio (babygpt/diagnostics.py); 0 = off")
     init_from: Literal["scratch", "resume"] = _opt("scratch", "resume continues from out_dir/ckpt.pt")
     nonfinite: Literal["stop", "skip"] = _opt(
         "stop", "on a non-finite loss: stop the run (status diverged), or skip that step and go on")
@@ -245,7 +248,7 @@ def config_problems(cfg: TrainConfig) -> list[str]:
     for name in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
         if getattr(cfg, name) <= 0:
             problems.append(f"{name} must be a positive integer, got {getattr(cfg, name)}")
-    for name in ("max_iters", "warmup_iters"):
+    for name in ("max_iters", "warmup_iters", "diag_interval"):
         if getattr(cfg, name) < 0:
             problems.append(f"{name} must be >= 0, got {getattr(cfg, name)}")
     if cfg.lr_decay_iters is not None and cfg.lr_decay_iters < cfg.warmup_iters:

@@ -311,13 +311,15 @@ class GPT(nn.Module):
             return 0
         return -(-(length - block) // jump) * jump  # the first multiple of jump that fits
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def generate_iter(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                       top_k: int | None = None, generator: torch.Generator | None = None,
                       use_cache: bool = True) -> Iterator[torch.Tensor]:
         """Yield one (B, 1) tensor of new token ids per step. ``temperature`` 0 means greedy
         (argmax). With ``use_cache``, keys and values of the context are kept between steps
-        (KVCache) so that each step runs the model on one new token only."""
+        (KVCache) so that each step runs the model on one new token only. inference_mode (not
+        just no_grad) skips autograd's bookkeeping on every op, which is a large share of a
+        one-token step on CPU; the tokens it yields are ordinary tensors once concatenated."""
         if not (math.isfinite(temperature) and temperature >= 0):
             raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
         if top_k is not None and not 1 <= top_k <= self.config.vocab_size:

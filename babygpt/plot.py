@@ -2,11 +2,16 @@
 
 Draws the training loss (thin) and the eval val loss (markers) of each run against the
 iteration; a run that diverged gets an ``x`` at its ``diverged_at`` iteration.
+
+``python -m babygpt.plot RUN_DIR --diag [--at 100,500]`` draws the per-layer diagnostics of one
+run trained with ``diag_interval`` > 0 (see babygpt/diagnostics.py): a layer-by-iteration heatmap
+of each quantity, and its per-layer profile at chosen iterations.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
@@ -69,6 +74,60 @@ def plot_runs(ax, runs: list[dict], labels: list[str] | None = None, train_loss:
     ax.legend(fontsize=8)
 
 
+def diag_series(run: dict) -> tuple[list[int], dict[str, list[list[float]]]]:
+    """Iterations with diagnostics, and for each quantity one list of per-layer values per iteration."""
+    from .diagnostics import KEYS
+
+    rows = [r for r in run["metrics"] if r.get("resid_rms") is not None]
+    if not rows:
+        raise BabyGPTError(f"no diagnostics in '{run['dir']}'; train with --diag_interval=N (e.g. 10)")
+    return [r["iter"] for r in rows], {k: [r.get(k) or [math.nan] * len(r["resid_rms"]) for r in rows]
+                                        for k in KEYS}
+
+
+def plot_diagnostics(run: dict, at: list[int] | None = None):
+    """Top: log10 heatmaps (layer x iteration); bottom: per-layer profiles at the ``at`` iterations
+    (default: the first, middle and last measured). Returns the figure."""
+    import numpy as np
+    from matplotlib.colors import LogNorm
+
+    from .diagnostics import KEYS
+
+    iters, values = diag_series(run)
+    if at:
+        missing = [i for i in at if i not in iters]
+        if missing:
+            raise BabyGPTError(f"no diagnostics at iteration(s) {missing}; measured every "
+                               f"{iters[1] - iters[0] if len(iters) > 1 else iters[0]} iterations, "
+                               f"from {iters[0]} to {iters[-1]}")
+    else:
+        at = sorted({iters[0], iters[len(iters) // 2], iters[-1]})
+    titles = {"resid_rms": "residual stream RMS after block", "grad_norm": "gradient norm of block",
+              "update_ratio": "update / weight ratio of block"}
+    fig, axes = new_figure(2, len(KEYS), figsize=(5 * len(KEYS), 7.5))
+    for col, key in enumerate(KEYS):
+        data = np.array(values[key], dtype=float).T  # (L, n_iters)
+        finite = data[np.isfinite(data) & (data > 0)]
+        norm = LogNorm(finite.min(), finite.max()) if finite.size else None
+        ax = axes[0, col]
+        mesh = ax.pcolormesh(iters, np.arange(data.shape[0]), np.where(data > 0, data, np.nan),
+                             norm=norm, shading="nearest", cmap="viridis")
+        fig.colorbar(mesh, ax=ax)
+        ax.set(title=titles[key], xlabel="iteration", ylabel="layer")
+        at_ = diverged_at(run)
+        if at_ is not None:
+            ax.axvline(at_, color="red", linestyle="--", linewidth=1)
+        ax = axes[1, col]
+        for i in at:
+            ax.plot(np.arange(data.shape[0]), data[:, iters.index(i)], "o-", label=f"iter {i}")
+        ax.set_yscale("log")
+        ax.set(xlabel="layer", ylabel=key)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(os.path.basename(os.path.normpath(run["dir"])))
+    return fig
+
+
 def new_figure(*args, **kwargs):
     """A matplotlib figure on the non-interactive backend (works without a display)."""
     import matplotlib
@@ -96,9 +155,22 @@ def main(argv: list[str]) -> int:
     p.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
     p.add_argument("--out", default="runs.png", help="image to write (default: runs.png)")
     p.add_argument("--no_train", action="store_true", help="only the eval val loss")
+    p.add_argument("--diag", action="store_true", help="per-layer diagnostics of one run (diag_interval > 0)")
+    p.add_argument("--at", default=None, help="with --diag: iterations for the per-layer profiles, e.g. 100,500")
     p.add_argument("--debug", action="store_true", help="show a traceback on errors")
     args = p.parse_args(argv)
     runs = [load_run(d) for d in args.runs]
+    if args.diag:
+        if len(runs) != 1:
+            raise BabyGPTError("--diag draws one run; pass a single run directory")
+        try:
+            at = [int(v) for v in args.at.split(",")] if args.at else None
+        except ValueError:
+            raise BabyGPTError(f"--at takes comma-separated iterations, got '{args.at}'") from None
+        print(f"wrote {save(plot_diagnostics(runs[0], at), args.out)}")
+        return 0
+    if args.at:
+        raise BabyGPTError("--at needs --diag")
     fig, ax = new_figure(figsize=(8, 5))
     plot_runs(ax, runs, train_loss=not args.no_train)
     print(f"wrote {save(fig, args.out)}")

@@ -29,8 +29,20 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def resolve_dtype(device: torch.device, dtype: str) -> str:
+    """``auto``: bfloat16 on a CUDA GPU that supports it, float16 (with a GradScaler) on one that
+    does not, float32 elsewhere. On a CPU bfloat16 pays off only where the CPU has bfloat16
+    instructions (it is emulated, and slower, on many laptops), so it stays opt-in there."""
+    if dtype != "auto":
+        return dtype
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return "float32"
+
+
 def check_dtype(device: torch.device, dtype: str) -> None:
     """float16 training needs a GradScaler, which BabyGPT uses on CUDA only."""
+    dtype = resolve_dtype(device, dtype)
     if dtype == "float16" and device.type == "cpu":
         raise BabyGPTError("dtype float16 is not supported on CPU (CPU autocast is bfloat16); "
                            "use --dtype=bfloat16 or --dtype=float32")

@@ -33,10 +33,11 @@ from . import distributed
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig, to_dict
 from .data import BatchSampler, CharTokenizer, load_dataset
+from .diagnostics import LayerDiagnostics
 from .errors import BabyGPTError
 from .files import atomic_open, write_atomic
 from .model import GPT, GPTConfig
-from .runtime import autocast, check_dtype, resolve_device
+from .runtime import autocast, check_dtype, resolve_device, resolve_dtype
 
 
 
@@ -218,6 +219,8 @@ class Trainer:
         # Every check comes before the first write, so a refused run leaves the disk as it was.
         device = resolve_device(cfg.device)
         check_dtype(device, cfg.dtype)
+        if cfg.dtype == "auto":  # from here on, cfg (and config.json) hold the dtype actually used
+            self.cfg = cfg = dataclasses.replace(cfg, dtype=resolve_dtype(device, "auto"))
         _check_out_dir(cfg)
         self.device, self._owns_group = distributed.setup(self.dist, device)
         if not self.main:
@@ -256,6 +259,10 @@ class Trainer:
                     "torch": torch.__version__, "num_params": self.model.num_params(), "resumes": []}
         if self.dist.enabled:
             run_info["world_size"] = self.dist.world_size
+        if self.main:
+            ranks = f" x {self.dist.world_size} processes" if self.dist.enabled else ""
+            print(f"training on {self.device}{ranks} in {cfg.dtype}, {self.model.num_params() / 1e6:.2f}M "
+                  f"parameters, into {cfg.out_dir}", flush=True)
         if cfg.init_from == "resume":
             # Every rank reads the checkpoint: across nodes, out_dir must be on a shared filesystem.
             self._load(load_checkpoint(self.ckpt_path, map_location="cpu"))
@@ -275,6 +282,8 @@ class Trainer:
         self.eval_model = self.model
         if cfg.compile:
             self.eval_model = _compile_or_fall_back(self.model, cfg, self.device)
+        # Measured on rank 0 only: it alone writes metrics.
+        self.diagnostics = LayerDiagnostics(self.model) if cfg.diag_interval and self.main else None
         self.forward_model = self.eval_model
         if self.dist.enabled:
             self.forward_model = DistributedDataParallel(
@@ -387,9 +396,10 @@ class Trainer:
         window.clear()
         return losses
 
-    def step(self, lr: float) -> torch.Tensor:
+    def step(self, lr: float, diag: LayerDiagnostics | None = None) -> torch.Tensor:
         """One optimizer step (with gradient accumulation); returns the step's mean loss,
-        detached and left on the device so that no host-device sync happens here."""
+        detached and left on the device so that no host-device sync happens here.
+        With ``diag``, also measures the step layer by layer (this syncs; diag steps only)."""
         cfg = self.cfg
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -405,7 +415,11 @@ class Trainer:
                 loss = loss / cfg.gradient_accumulation_steps
                 step_loss += loss.detach()
                 self.scaler.scale(loss).backward()
+        if diag is not None:
+            diag.stream(x)
         self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the loss-scaled ones
+        if diag is not None:
+            diag.grads()
         grad_norm = torch.zeros((), device=self.device)
         if cfg.grad_clip > 0 or cfg.nonfinite == "skip":
             grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -419,6 +433,8 @@ class Trainer:
             self.scaler.update()
             self.skipped_steps += 1
             return step_loss
+        if diag is not None:
+            diag.before_update()
         if self.scaler.is_enabled():
             scale = self.scaler.get_scale()
             self.scaler.step(self.optimizer)
@@ -426,6 +442,8 @@ class Trainer:
             self.scaler_skipped_steps += int(self.scaler.get_scale() < scale)  # the scale drops on a skip
         else:
             self.optimizer.step()
+        if diag is not None:
+            diag.after_update()
         self.optimizer.zero_grad(set_to_none=True)
         return step_loss
 
@@ -483,8 +501,11 @@ class Trainer:
                     self._save(self.ckpt_path)
                     return "interrupted"
                 lr = lr_at(self.iter, cfg)
-                window.append(self.step(lr))
+                diag = self.diagnostics if cfg.diag_interval and (self.iter + 1) % cfg.diag_interval == 0 else None
+                window.append(self.step(lr, diag))
                 self.iter += 1
+                if diag is not None:
+                    self._log(diag.row(self.iter))
                 bar.update(1)
                 is_eval = self.iter % cfg.eval_interval == 0 or self.iter == cfg.max_iters
                 if self.iter % cfg.log_interval and not is_eval:

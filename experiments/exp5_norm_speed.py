@@ -30,7 +30,7 @@ import _common
 import torch
 import torch.nn as nn
 
-from babygpt.bench import _sync, bench_training
+from babygpt.bench import bench_training, sync
 from babygpt.config import TrainConfig, load_config, read_config_file
 from babygpt.errors import BabyGPTError
 from babygpt.model import GPTConfig
@@ -79,18 +79,18 @@ def median_time(fn, device: torch.device, repeats: int, block_s: float) -> dict:
     """Seconds per call of ``fn``: the median over ``repeats`` timed blocks of ``inner`` calls,
     ``inner`` chosen so that a block lasts about ``block_s`` (a single small call is shorter
     than the timer's and the launch's overheads). Call it after warm-up."""
-    _sync(device)
+    sync(device)
     t = time.perf_counter()
     fn()
-    _sync(device)
+    sync(device)
     inner = max(1, min(1000, round(block_s / max(time.perf_counter() - t, 1e-7))))
     samples = []
     for _ in range(repeats):
-        _sync(device)
+        sync(device)
         t = time.perf_counter()
         for _ in range(inner):
             fn()
-        _sync(device)
+        sync(device)
         samples.append((time.perf_counter() - t) / inner)
     med = statistics.median(samples)
     q = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [med, med, med]
@@ -129,10 +129,10 @@ def time_norm(factory, width: int, tokens: int, device: torch.device, dtype: tor
         fn = torch.compile(module, dynamic=False)
     out = {}
     for pass_, call in pass_functions(module, fn, x).items():
-        _sync(device)
+        sync(device)
         t = time.perf_counter()
         call()  # under compile, this call compiles
-        _sync(device)
+        sync(device)
         first = time.perf_counter() - t
         call()  # warm-up: allocator, caches
         out[pass_] = {**median_time(call, device, repeats, block_s), "compile_s": first if compiled else None}

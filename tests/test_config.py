@@ -4,6 +4,7 @@ import dataclasses
 import os
 
 import pytest
+import torch
 
 from babygpt.config import FIELDS, TrainConfig, convert, help_text, load_config
 from babygpt.errors import BabyGPTError
@@ -144,3 +145,25 @@ def test_ablation_configs_only_set_norm_keys_and_out_dir():
 
 def test_every_field_has_help():
     assert all(f.metadata.get("help") for f in FIELDS.values())
+
+
+@pytest.mark.parametrize("bf16, expected", [(True, "bfloat16"), (False, "float16")])
+def test_dtype_auto_on_cuda_is_bf16_where_supported(monkeypatch, bf16, expected):
+    from babygpt.runtime import resolve_dtype
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    assert resolve_dtype(torch.device("cuda"), "auto") == expected
+    assert resolve_dtype(torch.device("cuda"), "float32") == "float32"
+
+
+def test_dtype_auto_is_float32_on_cpu_and_recorded(tmp_path):
+    import json
+
+    from babygpt.trainer import Trainer
+    from conftest import TINY_TRAIN_ARGS, prepare_small_data
+
+    cfg = load_config([*TINY_TRAIN_ARGS, f"--data_dir={prepare_small_data(tmp_path)}", f"--out_dir={tmp_path / 'r'}"])
+    assert cfg.dtype == "auto"
+    trainer = Trainer(cfg)
+    assert trainer.cfg.dtype == "float32"
+    assert json.load(open(tmp_path / "r" / "config.json"))["config"]["dtype"] == "float32"

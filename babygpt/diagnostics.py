@@ -1,0 +1,78 @@
+"""Per-layer diagnostics of a training run: where does the signal grow, where do gradients vanish?
+
+With ``diag_interval = K`` (0, the default, turns it off and costs nothing), every K-th
+optimizer step adds one row to ``metrics.jsonl`` with a value per block (layer 0 first):
+
+  resid_rms     RMS of the residual stream leaving block l, sqrt(mean(x^2)) over (B, T, C).
+                Measured by an extra forward pass, without gradients and in eval mode, on the
+                step's last batch with the weights of before the step: the training pass
+                itself is left alone (no hooks inside a compiled or DDP-wrapped model, no random
+                numbers drawn), so a run with diagnostics trains exactly like one without.
+  grad_norm     L2 norm of the gradient of all of block l's parameters, before clipping.
+  update_ratio  ||new - old|| / ||old|| over block l's parameters for this step: how far the
+                optimizer moved the block relative to its size (about 1e-3 is typical of Adam
+                at a healthy learning rate; much larger means the block is being thrown around).
+
+``python -m babygpt.plot RUN_DIR --diag`` draws them as layer-by-iteration heatmaps.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+KEYS = ("resid_rms", "grad_norm", "update_ratio")
+
+
+def _flat_norm(tensors) -> torch.Tensor:
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.float()) for t in tensors]))
+
+
+class LayerDiagnostics:
+    """Measures one optimizer step of ``model`` (a GPT); use in the order the step runs:
+    ``stream(x)`` before or after backward, ``grads()`` after backward (and un-scaling),
+    ``before_update()`` just before ``optimizer.step()``, then ``row(iter)``."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.blocks = list(model.blocks)
+        self.values: dict[str, list[float]] = {}
+
+    @torch.no_grad()
+    def stream(self, idx: torch.Tensor) -> None:
+        """RMS of the residual stream after each block, for token ids ``idx`` (B, T)."""
+        rms: list[torch.Tensor] = []
+        hooks = [b.register_forward_hook(lambda m, inp, out: rms.append(out.float().pow(2).mean().sqrt()))
+                 for b in self.blocks]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            self.model(idx)
+        finally:
+            self.model.train(was_training)
+            for h in hooks:
+                h.remove()
+        self.values["resid_rms"] = torch.stack(rms).tolist()  # (L,)
+
+    @torch.no_grad()
+    def grads(self) -> None:
+        norms = [_flat_norm([p.grad for p in b.parameters() if p.grad is not None] or [torch.zeros(1)])
+                 for b in self.blocks]
+        self.values["grad_norm"] = torch.stack(norms).tolist()
+
+    @torch.no_grad()
+    def before_update(self) -> None:
+        self._old = [[p.detach().clone() for p in b.parameters()] for b in self.blocks]
+
+    @torch.no_grad()
+    def after_update(self) -> None:
+        ratios = []
+        for block, old in zip(self.blocks, self._old):
+            new = list(block.parameters())
+            ratios.append(_flat_norm([n - o for n, o in zip(new, old)]) / _flat_norm(old).clamp_min(1e-12))
+        self.values["update_ratio"] = torch.stack(ratios).tolist()
+        del self._old
+
+    def row(self, it: int) -> dict:
+        """The metrics row of this step: {"iter": it, "resid_rms": [...], ...}, one value per block."""
+        return {"iter": it, **{k: self.values.get(k) for k in KEYS}}
