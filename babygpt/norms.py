@@ -27,6 +27,7 @@ import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .errors import unknown_choice
 
@@ -50,6 +51,10 @@ class LayerNorm(nn.Module):
     ``var`` is the *biased* variance (divided by d, not d - 1), as in the paper
     and in ``F.layer_norm``. ``weight`` (gamma) starts at 1 and ``bias`` (beta)
     at 0; ``bias=False`` drops beta.
+
+    ``formula`` is the definition written out; ``forward`` computes the same thing
+    (tested equal, values and gradients) with PyTorch's fused kernel, because that
+    is 3-11x faster forward+backward on CPU at our widths (experiments/exp5_norm_speed.py).
     """
 
     def __init__(self, dim: int, *, eps: float = 1e-5, bias: bool = True, alpha_init: float = 0.5):
@@ -60,6 +65,12 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
+        xf = x.to(_compute_dtype(x))
+        weight = self.weight.to(xf.dtype)
+        bias = self.bias.to(xf.dtype) if self.bias is not None else None
+        return F.layer_norm(xf, weight.shape, weight, bias, self.eps).to(x.dtype)
+
+    def formula(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
         xf = x.to(_compute_dtype(x))
         mean = xf.mean(dim=-1, keepdim=True)  # (..., 1)
         var = (xf - mean).pow(2).mean(dim=-1, keepdim=True)  # (..., 1), biased

@@ -125,7 +125,8 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
 
 
 def test_exp5_norm_speed_quick_mode(data_dir, tmp_path):
-    """Every implementation (the registry, read now, and PyTorch's two) gets a timing row per
+    """Every implementation (the registry, read now, the from-scratch formulas of classes that call
+    a fused kernel, and PyTorch's two) gets a timing row per
     pass and width, and every norm_type a training-speed row; --quick compiles nothing."""
     from babygpt.norms import NORMS
 
@@ -135,7 +136,9 @@ def test_exp5_norm_speed_quick_mode(data_dir, tmp_path):
     res = tmp_path / "res"
     for name in ("norm_speed.csv", "end_to_end.csv", "norm_speed.png", "report.md"):
         assert (res / name).stat().st_size > 0, name
-    impls = [*NORMS, "F.layer_norm", "F.rms_norm"]
+    formulas = [f"{n} formula" for n, cls in NORMS.items() if hasattr(cls, "formula")]
+    assert "layernorm formula" in formulas  # the from-scratch LayerNorm is timed beside the fused one
+    impls = [*NORMS, *formulas, "F.layer_norm", "F.rms_norm"]
     rows = read_csv(res / "norm_speed.csv")
     assert {r["mode"] for r in rows} == {"eager"}
     for impl in impls:

@@ -21,16 +21,18 @@ def _randomize(norm: nn.Module) -> None:
             p.copy_(torch.randn_like(p))
 
 
+@pytest.mark.parametrize("path", ["formula", "forward"])
 @pytest.mark.parametrize("shape", [(4, 7, D), (3, D), (D,)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_layernorm_matches_torch_values_and_grads(shape, bias):
+def test_layernorm_matches_torch_values_and_grads(shape, bias, path):
+    """The from-scratch formula against F.layer_norm; and forward (which calls the fused kernel)."""
     ours = LayerNorm(D, eps=1e-5, bias=bias).double()
     _randomize(ours)
     w_ref = ours.weight.detach().clone().requires_grad_(True)
     b_ref = ours.bias.detach().clone().requires_grad_(True) if bias else None
     x = (torch.randn(shape, dtype=torch.float64) * 3 + 1).requires_grad_(True)
     x_ref = x.detach().clone().requires_grad_(True)
-    y = ours(x)
+    y = ours.formula(x) if path == "formula" else ours(x)
     y_ref = F.layer_norm(x_ref, (D,), w_ref, b_ref, eps=1e-5)
     assert_close(y, y_ref)
     g = torch.randn_like(y)
@@ -65,7 +67,7 @@ def test_layernorm_uses_biased_variance():
     """torch.var divides by d - 1 by default; LayerNorm divides by d. At d = 8 the two differ by ~6%."""
     d = 8
     x = torch.randn(5, d)
-    ours = LayerNorm(d)(x)
+    ours = LayerNorm(d).formula(x)
     mean = x.mean(-1, keepdim=True)
     unbiased = (x - mean) / torch.sqrt(torch.var(x, dim=-1, keepdim=True) + 1e-5)
     biased = (x - mean) / torch.sqrt(torch.var(x, dim=-1, keepdim=True, correction=0) + 1e-5)
@@ -80,7 +82,7 @@ def test_layernorm_param_grads_match_analytic_formula():
     _randomize(norm)
     x = torch.randn(6, 5, D, dtype=torch.float64)
     g = torch.randn(6, 5, D, dtype=torch.float64)
-    norm(x).backward(g)
+    norm.formula(x).backward(g)
     x_hat = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True, correction=0) + 1e-5)
     assert_close(norm.weight.grad, (g * x_hat).sum(dim=(0, 1)))
     assert_close(norm.bias.grad, g.sum(dim=(0, 1)))
@@ -310,3 +312,14 @@ def test_new_norms_init_values():
     assert torch.equal(bn.running_mean, torch.zeros(D)) and torch.equal(bn.running_var, torch.ones(D))
     assert {n for n, _ in bn.named_buffers()} == {"running_mean", "running_var"}
     assert len(list(RMSNormNoParam(D).parameters())) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layernorm_forward_equals_formula_in_low_precision_and_under_autocast(dtype):
+    norm = LayerNorm(D)
+    _randomize(norm)
+    x = (torch.randn(4, 7, D) * 5 + 2).to(dtype)
+    assert_close(norm(x), norm.formula(x))
+    assert norm(x).dtype == dtype
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert_close(norm(x), norm.formula(x))
