@@ -18,6 +18,8 @@ optimizer step adds one row to ``metrics.jsonl`` with a value per block (layer 0
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 
@@ -74,5 +76,7 @@ class LayerDiagnostics:
         del self._old
 
     def row(self, it: int) -> dict:
-        """The metrics row of this step: {"iter": it, "resid_rms": [...], ...}, one value per block."""
-        return {"iter": it, **{k: self.values.get(k) for k in KEYS}}
+        """The metrics row of this step: {"iter": it, "resid_rms": [...], ...}, one value per block
+        (None where a value is not finite: JSON has no NaN)."""
+        clean = lambda vs: None if vs is None else [v if math.isfinite(v) else None for v in vs]  # noqa: E731
+        return {"iter": it, **{k: clean(self.values.get(k)) for k in KEYS}}

@@ -81,8 +81,9 @@ def diag_series(run: dict) -> tuple[list[int], dict[str, list[list[float]]]]:
     rows = [r for r in run["metrics"] if r.get("resid_rms") is not None]
     if not rows:
         raise BabyGPTError(f"no diagnostics in '{run['dir']}'; train with --diag_interval=N (e.g. 10)")
-    return [r["iter"] for r in rows], {k: [r.get(k) or [math.nan] * len(r["resid_rms"]) for r in rows]
-                                        for k in KEYS}
+    n_layer = len(rows[0]["resid_rms"])
+    as_floats = lambda vs: [math.nan if v is None else v for v in (vs or [None] * n_layer)]  # noqa: E731
+    return [r["iter"] for r in rows], {k: [as_floats(r.get(k)) for r in rows] for k in KEYS}
 
 
 def plot_diagnostics(run: dict, at: list[int] | None = None):
@@ -100,8 +101,9 @@ def plot_diagnostics(run: dict, at: list[int] | None = None):
             raise BabyGPTError(f"no diagnostics at iteration(s) {missing}; measured every "
                                f"{iters[1] - iters[0] if len(iters) > 1 else iters[0]} iterations, "
                                f"from {iters[0]} to {iters[-1]}")
-    else:
-        at = sorted({iters[0], iters[len(iters) // 2], iters[-1]})
+    else:  # the first, middle and last iterations where every value is finite (a diverged run ends in NaN)
+        ok = [i for n, i in enumerate(iters) if all(math.isfinite(v) for k in KEYS for v in values[k][n])]
+        at = sorted({ok[0], ok[len(ok) // 2], ok[-1]}) if ok else [iters[0]]
     titles = {"resid_rms": "residual stream RMS after block", "grad_norm": "gradient norm of block",
               "update_ratio": "update / weight ratio of block"}
     fig, axes = new_figure(2, len(KEYS), figsize=(5 * len(KEYS), 7.5))
@@ -113,7 +115,7 @@ def plot_diagnostics(run: dict, at: list[int] | None = None):
         mesh = ax.pcolormesh(iters, np.arange(data.shape[0]), np.where(data > 0, data, np.nan),
                              norm=norm, shading="nearest", cmap="viridis")
         fig.colorbar(mesh, ax=ax)
-        ax.set(title=titles[key], xlabel="iteration", ylabel="layer")
+        ax.set(title=titles[key], xlabel="iteration", ylabel="layer", yticks=range(data.shape[0]))
         at_ = diverged_at(run)
         if at_ is not None:
             ax.axvline(at_, color="red", linestyle="--", linewidth=1)
@@ -121,7 +123,7 @@ def plot_diagnostics(run: dict, at: list[int] | None = None):
         for i in at:
             ax.plot(np.arange(data.shape[0]), data[:, iters.index(i)], "o-", label=f"iter {i}")
         ax.set_yscale("log")
-        ax.set(xlabel="layer", ylabel=key)
+        ax.set(xlabel="layer", ylabel=key, xticks=range(data.shape[0]))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(os.path.basename(os.path.normpath(run["dir"])))

@@ -5,7 +5,8 @@ with depth, while Pre-LN trains without it. Here: LayerNorm, Pre-LN and Post-LN,
 layers, each with warmup (100 iterations) and without (0), all at the same learning rate and budget
 (_common.DEFAULT_BUDGET otherwise), seed 0.
 
-    python experiments/exp3_prenorm_vs_postnorm.py [--quick] [--lr LR] [--depths 4,8,12] [--out DIR]
+    python experiments/exp3_prenorm_vs_postnorm.py [--quick] [--lr LR] [--depths 4,8,12]
+        [--placements pre,post,sandwich,deepnorm] [--norm_type layernorm] [--out DIR]
 
 Writes results.csv (one row per run), prenorm_vs_postnorm.png and report.md.
 """
@@ -15,10 +16,10 @@ import time
 
 import _common
 
+from babygpt.errors import BabyGPTError, unknown_choice
+from babygpt.model import PLACEMENTS
 from babygpt.plot import load_run, new_figure, plot_runs, save
 from babygpt.sweep import Run, Sweep
-
-PLACEMENTS = ["pre", "post"]
 
 
 def main(argv):
@@ -26,7 +27,13 @@ def main(argv):
     p.add_argument("--lr", type=float, default=3e-3, help="learning rate of every run (default 3e-3)")
     p.add_argument("--depths", default=None, help="comma-separated n_layer values (default 4,8,12; quick 2)")
     p.add_argument("--warmup", type=int, default=None, help="warmup iterations of the warmup runs (default 100)")
+    p.add_argument("--placements", default="pre,post", help="norm placements to compare (default pre,post)")
+    p.add_argument("--norm_type", default="layernorm", help="the norm of every run (default layernorm)")
     args = p.parse_args(argv)
+    placements = args.placements.split(",")
+    bad = [pl for pl in placements if pl not in PLACEMENTS]
+    if bad:
+        raise BabyGPTError(unknown_choice("placement", bad[0], PLACEMENTS))
     started = time.time()
     out = _common.out_dir(args, "exp3_prenorm_vs_postnorm")
     depths = [int(d) for d in (args.depths or ("2" if args.quick else "4,8,12")).split(",")]
@@ -34,26 +41,26 @@ def main(argv):
 
     runs = {}
     for depth in depths:
-        for placement in PLACEMENTS:
+        for placement in placements:
             for warmup in warmups:
                 runs[depth, placement, warmup] = Run(
-                    {"n_layer": depth, "norm_placement": placement, "norm_type": "layernorm",
+                    {"n_layer": depth, "norm_placement": placement, "norm_type": args.norm_type,
                      "warmup_iters": warmup, "learning_rate": args.lr, "min_lr": args.lr / 10}, 0,
-                    label=f"{placement}-LN, warmup {warmup}")
+                    label=f"{placement}, warmup {warmup}")
     sweep = Sweep(out, list(runs.values()), _common.budget_args(args), args.jobs)
     rows = _common.finished_rows(sweep)
 
     table = []
     for (depth, placement, warmup), run in runs.items():
         r = rows[run.name]
-        table.append([depth, f"{placement}-LN", warmup, r["status"], r["diverged_at"] or "—",
+        table.append([depth, placement, warmup, r["status"], r["diverged_at"] or "—",
                       f"{r['final_val_loss']:.3f}" if r["final_val_loss"] is not None else "—",
                       f"{r['best_val_loss']:.3f}" if r["best_val_loss"] is not None else "—",
                       f"{r['wall_time_s']:.1f}" if r["wall_time_s"] is not None else "—"])
 
     fig, axes = new_figure(1, len(depths), figsize=(5.5 * len(depths), 4.5), squeeze=False)
     for ax, depth in zip(axes[0], depths):
-        keys = [(depth, pl, w) for pl in PLACEMENTS for w in warmups]
+        keys = [(depth, pl, w) for pl in placements for w in warmups]
         plot_runs(ax, [load_run(sweep.out_dir(runs[k])) for k in keys],
                   [runs[k].label for k in keys], train_loss=False)
         ax.set_title(f"{depth} layers, lr {args.lr:g}")
@@ -62,7 +69,7 @@ def main(argv):
     budget = _common.QUICK_BUDGET if args.quick else _common.DEFAULT_BUDGET
     header = ["n_layer", "placement", "warmup", "status", "diverged at", "final val", "best val", "train time (s)"]
     body = (f"Budget per run: {budget} (n_layer and warmup_iters as listed); lr {args.lr:g}, "
-            f"min_lr {args.lr / 10:g}, LayerNorm, seed 0.\n\n" + _common.markdown_table(header, table)
+            f"min_lr {args.lr / 10:g}, norm_type {args.norm_type}, seed 0.\n\n" + _common.markdown_table(header, table)
             + "\n\n![](prenorm_vs_postnorm.png)")
     _common.write_report(os.path.join(out, "report.md"), "Pre-LN vs Post-LN, depth and warmup",
                          _common.command_line(), body, started)

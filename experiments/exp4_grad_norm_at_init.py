@@ -10,6 +10,7 @@ that this is why Post-LN needs learning-rate warmup. Here, at character scale, o
 GPT-2 initialisation (residual projections scaled by 1/sqrt(2 * n_layer)), not the paper's.
 
     python experiments/exp4_grad_norm_at_init.py [--quick] [--out DIR] [--data_dir DIR]
+        [--placements pre,post,sandwich,deepnorm]
 
 Writes grad_norm_at_init.csv, grad_norm_at_init.png and report.md.
 """
@@ -22,10 +23,9 @@ import _common
 import torch
 
 from babygpt.data import BatchSampler, load_dataset
-from babygpt.model import GPT, GPTConfig
+from babygpt.errors import BabyGPTError, unknown_choice
+from babygpt.model import GPT, PLACEMENTS, GPTConfig
 from babygpt.plot import new_figure, save
-
-PLACEMENTS = ["pre", "post"]
 
 
 def ffn_grad_norms(placement: str, n_layer: int, width: int, data, vocab: int, batches: int,
@@ -49,7 +49,12 @@ def ffn_grad_norms(placement: str, n_layer: int, width: int, data, vocab: int, b
 def main(argv):
     p = _common.parser("exp4_grad_norm_at_init", __doc__.splitlines()[0])
     p.add_argument("--data_dir", default="data/shakespeare_char", help="prepared data (default: %(default)s)")
+    p.add_argument("--placements", default="pre,post", help="norm placements to compare (default pre,post)")
     args = p.parse_args(argv)
+    placements = args.placements.split(",")
+    bad = [pl for pl in placements if pl not in PLACEMENTS]
+    if bad:
+        raise BabyGPTError(unknown_choice("placement", bad[0], PLACEMENTS))
     started = time.time()
     out = _common.out_dir(args, "exp4_grad_norm_at_init")
     train, _, tok = load_dataset(args.data_dir)
@@ -59,21 +64,21 @@ def main(argv):
         width, depth, depths, batches, bs, ctx = 128, 8, [2, 4, 8, 12], 32, 32, 64
     common = dict(width=width, data=train, vocab=tok.vocab_size, batches=batches, batch_size=bs, block_size=ctx)
 
-    per_layer = {pl: ffn_grad_norms(pl, depth, **common) for pl in PLACEMENTS}
-    last_vs_depth = {pl: [ffn_grad_norms(pl, d, **common)[-1] for d in depths] for pl in PLACEMENTS}
+    per_layer = {pl: ffn_grad_norms(pl, depth, **common) for pl in placements}
+    last_vs_depth = {pl: [ffn_grad_norms(pl, d, **common)[-1] for d in depths] for pl in placements}
 
     with open(os.path.join(out, "grad_norm_at_init.csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["kind", "n_layer", "layer", "pre", "post"])
+        w.writerow(["kind", "n_layer", "layer", *placements])
         for i in range(depth):
-            w.writerow(["per_layer", depth, i + 1, per_layer["pre"][i], per_layer["post"][i]])
+            w.writerow(["per_layer", depth, i + 1, *(per_layer[pl][i] for pl in placements)])
         for j, d in enumerate(depths):
-            w.writerow(["last_layer_vs_depth", d, d, last_vs_depth["pre"][j], last_vs_depth["post"][j]])
+            w.writerow(["last_layer_vs_depth", d, d, *(last_vs_depth[pl][j] for pl in placements)])
 
     fig, (a1, a2) = new_figure(1, 2, figsize=(11, 4.2))
-    for pl in PLACEMENTS:
-        a1.plot(range(1, depth + 1), per_layer[pl], "o-", label=f"{pl}-LN")
-        a2.plot(depths, last_vs_depth[pl], "o-", label=f"{pl}-LN")
+    for pl in placements:
+        a1.plot(range(1, depth + 1), per_layer[pl], "o-", label=pl)
+        a2.plot(depths, last_vs_depth[pl], "o-", label=pl)
     a1.set(xlabel="layer", ylabel="||E[dL/dW_ffn]||", title=f"FFN gradient norm per layer at init ({depth} layers)")
     a2.set(xlabel="number of layers", ylabel="||E[dL/dW_ffn]|| of the last layer", title="last layer vs depth")
     for a in (a1, a2):
@@ -82,15 +87,16 @@ def main(argv):
         a.legend()
     save(fig, os.path.join(out, "grad_norm_at_init.png"))
 
-    rows = [[i + 1, f"{per_layer['pre'][i]:.3e}", f"{per_layer['post'][i]:.3e}",
-             f"{per_layer['post'][i] / per_layer['pre'][i]:.2f}"] for i in range(depth)]
-    rows2 = [[d, f"{last_vs_depth['pre'][j]:.3e}", f"{last_vs_depth['post'][j]:.3e}"] for j, d in enumerate(depths)]
-    growth = {pl: per_layer[pl][-1] / per_layer[pl][0] for pl in PLACEMENTS}
+    ratio = "pre" in placements and "post" in placements  # the comparison of Xiong et al.
+    rows = [[i + 1, *(f"{per_layer[pl][i]:.3e}" for pl in placements)]
+            + ([f"{per_layer['post'][i] / per_layer['pre'][i]:.2f}"] if ratio else []) for i in range(depth)]
+    rows2 = [[d, *(f"{last_vs_depth[pl][j]:.3e}" for pl in placements)] for j, d in enumerate(depths)]
+    growth = {pl: per_layer[pl][-1] / per_layer[pl][0] for pl in placements}
     body = (f"LayerNorm, width {width}, context {ctx}; expected gradient over {batches} batches of {bs} "
-            f"sequences of TinyShakespeare; GPT-2 init, seed 0.\n\n"
-            + _common.markdown_table(["layer", "Pre-LN", "Post-LN", "Post/Pre"], rows)
-            + f"\n\nLast layer / first layer: Pre-LN {growth['pre']:.2f}, Post-LN {growth['post']:.2f}\n\n"
-            + _common.markdown_table(["n_layer", "Pre-LN last layer", "Post-LN last layer"], rows2)
+            f"sequences of TinyShakespeare; GPT-2 init (DeepNorm: its own), seed 0.\n\n"
+            + _common.markdown_table(["layer", *placements] + (["post/pre"] if ratio else []), rows)
+            + "\n\nLast layer / first layer: " + ", ".join(f"{pl} {g:.2f}" for pl, g in growth.items()) + "\n\n"
+            + _common.markdown_table(["n_layer", *(f"{pl} last layer" for pl in placements)], rows2)
             + "\n\n![](grad_norm_at_init.png)")
     _common.write_report(os.path.join(out, "report.md"), "FFN gradient norm at initialisation",
                          _common.command_line(), body, started)

@@ -61,3 +61,28 @@ def test_resume_on_cuda(data_dir, tmp_path, dtype):
     train(load_config([*args, "--max_iters=20"]))
     s = train(load_config([*args, "--max_iters=30", "--init_from=resume"]))
     assert s["status"] == "finished" and s["iter"] == 30
+
+
+def test_auto_dtype_tf32_fused_adamw_and_pinned_batches_on_cuda(data_dir, tmp_path):
+    from babygpt.trainer import Trainer
+
+    trainer = Trainer(load_config([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *CUDA_ARGS]))
+    assert trainer.cfg.dtype == ("bfloat16" if torch.cuda.is_bf16_supported() else "float16")
+    assert torch.get_float32_matmul_precision() == "high"  # TF32 matmuls
+    assert all(g.get("fused") for g in trainer.optimizer.param_groups)
+    x, y = trainer.sampler.next_batch()
+    assert x.is_cuda and y.is_cuda
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_ddp_with_nccl_on_two_gpus(data_dir, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           os.path.join(ROOT, "train.py"), f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'r'}",
+                           *CUDA_ARGS, "--max_iters=20"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "x 2 processes" in proc.stdout

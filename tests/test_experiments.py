@@ -103,7 +103,8 @@ def test_plot_cli_and_divergence_marker(small_sweep, tmp_path):
 
 @pytest.mark.parametrize("script,extra,outputs", [
     ("exp1_gradient_vanishing", [], ["gradient_vanishing.png", "gradient_vanishing.csv", "report.md"]),
-    ("exp4_grad_norm_at_init", ["--data_dir={data}"], ["grad_norm_at_init.png", "grad_norm_at_init.csv", "report.md"]),
+    ("exp4_grad_norm_at_init", ["--data_dir={data}", "--placements=pre,post,sandwich,deepnorm"],
+     ["grad_norm_at_init.png", "grad_norm_at_init.csv", "report.md"]),
     ("exp3_prenorm_vs_postnorm", ["--data_dir={data}", "--jobs=2"], ["prenorm_vs_postnorm.png", "results.csv", "report.md"]),
     ("exp2_norm_comparison", ["--data_dir={data}", "--jobs=2"],
      ["norm_comparison.png", "lr_tolerance.png", "results.csv", "report.md"]),
