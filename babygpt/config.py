@@ -23,7 +23,7 @@ from typing import Literal, Optional
 from .errors import BabyGPTError, unknown_choice
 from .model import PLACEMENTS, GPTConfig, model_config_problems
 from .norms import NORMS
-from .runtime import check_dtype, resolve_device
+from .runtime import check_dtype, resolve_device, resolve_dtype
 
 
 def _opt(default, help: str):
@@ -270,6 +270,13 @@ def config_problems(cfg: TrainConfig) -> list[str]:
     except BabyGPTError as e:
         problems += e.problems
     return problems
+
+
+def with_resolved_dtype(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with ``dtype=auto`` replaced by what it means on this machine: what a run records."""
+    if cfg.dtype != "auto":
+        return cfg
+    return dataclasses.replace(cfg, dtype=resolve_dtype(resolve_device(cfg.device), "auto"))
 
 
 def to_dict(cfg: TrainConfig) -> dict:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from .config import FIELDS, load_config, to_dict
+from .config import FIELDS, load_config, to_dict, with_resolved_dtype
 from .errors import BabyGPTError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -109,7 +109,7 @@ class Sweep:
         info = _read_json(os.path.join(self.out_dir(run), "config.json"))
         if info is None:
             return
-        wanted = to_dict(load_config(self._config_args(run)))
+        wanted = to_dict(with_resolved_dtype(load_config(self._config_args(run))))  # as config.json has it
         had = (info.get("resumes") or [info])[-1]["config"]  # the settings of its latest start
         diffs = [k for k in wanted if k not in ("out_dir", "init_from") and had.get(k) != wanted[k]]
         if diffs:

@@ -31,13 +31,13 @@ from tqdm import tqdm
 
 from . import distributed
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import TrainConfig, to_dict
+from .config import TrainConfig, to_dict, with_resolved_dtype
 from .data import BatchSampler, CharTokenizer, load_dataset
 from .diagnostics import LayerDiagnostics
 from .errors import BabyGPTError
 from .files import atomic_open, write_atomic
 from .model import GPT, GPTConfig
-from .runtime import autocast, check_dtype, resolve_device, resolve_dtype
+from .runtime import autocast, check_dtype, resolve_device
 
 
 
@@ -219,8 +219,7 @@ class Trainer:
         # Every check comes before the first write, so a refused run leaves the disk as it was.
         device = resolve_device(cfg.device)
         check_dtype(device, cfg.dtype)
-        if cfg.dtype == "auto":  # from here on, cfg (and config.json) hold the dtype actually used
-            self.cfg = cfg = dataclasses.replace(cfg, dtype=resolve_dtype(device, "auto"))
+        self.cfg = cfg = with_resolved_dtype(cfg)  # from here on cfg (and config.json) hold the dtype used
         _check_out_dir(cfg)
         self.device, self._owns_group = distributed.setup(self.dist, device)
         if self.device.type == "cuda":
