@@ -109,5 +109,8 @@ def setup(d: Dist, device: torch.device) -> tuple[torch.device, bool]:
 
 
 def shutdown() -> None:
+    """Leave the process group. The barrier first: a rank that tears its connections down while
+    another is still finishing its last collective can make gloo abort the process."""
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()

@@ -458,13 +458,14 @@ class Trainer:
             _set_rng_state(self._resume_rng, self.device)
         self.forward_model.train()
         self.stop_signal = None  # the signal all ranks agreed to stop on
-        try:
-            with _StopSignals() as stop:
-                status = self._loop(stop)
-            return self._write_summary(status, self.stop_signal if status == "interrupted" else None)
-        finally:
-            if self._owns_group:
-                distributed.shutdown()
+        with _StopSignals() as stop:
+            status = self._loop(stop)
+        summary = self._write_summary(status, self.stop_signal if status == "interrupted" else None)
+        # Only on this normal path: after an exception the other ranks may be inside another
+        # collective, and torchrun ends the job when this process exits.
+        if self._owns_group:
+            distributed.shutdown()
+        return summary
 
     def _agreed_signal(self, stop: _StopSignals) -> int | None:
         """The signal to stop on, if any. One process checks at every iteration; under DDP

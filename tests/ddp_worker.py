@@ -25,4 +25,5 @@ if dist.get_rank() == 0:
         json.dump({"world_size": dist.get_world_size(), "status": summary["status"],
                    "max_abs_diff": max((t - every[0]).abs().max().item() for t in every),
                    "param_norm": flat.norm().item()}, f)
+dist.barrier()  # see babygpt.distributed.shutdown
 dist.destroy_process_group()

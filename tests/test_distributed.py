@@ -137,3 +137,15 @@ def test_malformed_torchrun_environment_is_a_one_line_error(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "LOCAL_RANK not" in proc.stderr and "torchrun" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_divergence_on_any_rank_stops_every_rank_with_status_diverged(ddp_run, tmp_path):
+    out = tmp_path / "div"
+    proc = torchrun("train.py", *TINY_TRAIN_ARGS, f"--data_dir={ddp_run['data_dir']}", f"--out_dir={out}",
+                    "--max_iters=50", "--norm_type=none", "--learning_rate=1e4", "--min_lr=1",
+                    "--grad_clip=0", "--warmup_iters=0", cwd=tmp_path)
+    assert proc.returncode != 0
+    assert proc.stderr.count("diverged: non-finite loss at iteration") == 1  # said once, by rank 0
+    summary = json.load(open(out / "summary.json"))
+    assert summary["status"] == "diverged" and summary["world_size"] == 2
+    assert summary["diverged_at"] is not None and summary["iter"] < 50
