@@ -42,7 +42,10 @@ class LayerDiagnostics:
 
     @torch.no_grad()
     def stream(self, idx: torch.Tensor) -> None:
-        """RMS of the residual stream after each block, for token ids ``idx`` (B, T)."""
+        """RMS of the residual stream after each block, for token ids ``idx`` (B, T). Called first
+        in a measured step, so it also clears the previous step's values (a step that is then
+        skipped must not report an old update ratio)."""
+        self.values = {}
         rms: list[torch.Tensor] = []
         hooks = [b.register_forward_hook(lambda m, inp, out: rms.append(out.float().pow(2).mean().sqrt()))
                  for b in self.blocks]

@@ -64,6 +64,13 @@ class Dist:
         dist.all_gather_object(out, obj)
         return out
 
+    def broadcast_buffers(self, module: torch.nn.Module) -> None:
+        """Give every rank rank 0's buffers (BatchNorm's running statistics, the only buffers
+        a BabyGPT model has), so that all ranks evaluate the model that rank 0 checkpoints."""
+        if self.enabled:
+            for b in module.buffers():
+                dist.broadcast(b, src=0)
+
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()

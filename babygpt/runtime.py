@@ -36,7 +36,8 @@ def resolve_dtype(device: torch.device, dtype: str) -> str:
     if dtype != "auto":
         return dtype
     if device.type == "cuda":
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        # Native bf16 only (Ampere and later): older GPUs emulate it, slowly, so they get float16.
+        return "bfloat16" if torch.cuda.is_bf16_supported(including_emulation=False) else "float16"
     return "float32"
 
 

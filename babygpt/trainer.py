@@ -362,6 +362,7 @@ class Trainer:
         """Evaluate, log ``row`` with the eval losses, then checkpoint. Returns False if the
         run must stop: a non-finite eval loss with nonfinite=stop. A non-finite eval never
         overwrites the checkpoints, which keep the last good state."""
+        self.dist.broadcast_buffers(self.model)
         local = estimate_loss(self.eval_model, self.splits, self.cfg, self.device,
                               self.dist.eval_seed(self.cfg.seed))
         # Each rank evaluated its own windows: the average is the loss over all of them.

@@ -151,7 +151,8 @@ def test_every_field_has_help():
 def test_dtype_auto_on_cuda_is_bf16_where_supported(monkeypatch, bf16, expected):
     from babygpt.runtime import resolve_dtype
 
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    # Emulated bf16 (pre-Ampere GPUs) must not count: auto asks for native support only.
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16 and not including_emulation)
     assert resolve_dtype(torch.device("cuda"), "auto") == expected
     assert resolve_dtype(torch.device("cuda"), "float32") == "float32"
 

@@ -323,3 +323,16 @@ def test_layernorm_forward_equals_formula_in_low_precision_and_under_autocast(dt
     assert norm(x).dtype == dtype
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert_close(norm(x), norm.formula(x))
+
+
+def test_batchnorm_running_statistics_ignore_a_non_finite_batch():
+    """nonfinite=skip drops a bad step; the running statistics must not keep its NaN for ever."""
+    bn = BatchNorm(D)
+    bn(torch.randn(4, 8, D))
+    before = (bn.running_mean.clone(), bn.running_var.clone())
+    bad = torch.randn(4, 8, D)
+    bad[0, 0, 0] = float("nan")
+    bn(bad)
+    assert_close((bn.running_mean, bn.running_var), before)
+    bn(torch.randn(4, 8, D))
+    assert torch.isfinite(bn.running_mean).all() and not torch.equal(bn.running_mean, before[0])
