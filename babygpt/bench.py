@@ -11,6 +11,8 @@ Measures, for the model and batch the config describes:
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import resource
@@ -114,7 +116,8 @@ def run_bench(argv: list[str]) -> tuple[dict, str | None]:
         raise BabyGPTError("--windows, --window_iters and --sample_tokens must be positive")
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config([*rest, f"--out_dir={tmp}/run", "--init_from=scratch"])
-        trainer = Trainer(cfg, argv)
+        with contextlib.redirect_stdout(io.StringIO()):  # the run's start line; the table says the same
+            trainer = Trainer(cfg, argv)
         cfg = trainer.cfg  # with dtype=auto resolved
         device, model = trainer.device, trainer.model
         train = bench_training(trainer, windows, window_iters)
