@@ -180,6 +180,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from .cli import run
+    from .cli import run as run_cli
 
-    sys.exit(run(main, sys.argv[1:]))
+    sys.exit(run_cli(main, sys.argv[1:]))
