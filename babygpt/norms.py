@@ -37,6 +37,14 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
+def _affine(y: torch.Tensor, weight, bias, dtype: torch.dtype) -> torch.Tensor:
+    """y * weight (+ bias), cast back to the input's ``dtype``: the shared tail of the norms."""
+    y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y.to(dtype)
+
+
 def _rms_normalize(xf: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) over the last dimension; (..., d) -> (..., d)."""
     ms = xf.pow(2).mean(dim=-1, keepdim=True)  # (..., 1)
@@ -74,10 +82,7 @@ class LayerNorm(nn.Module):
         xf = x.to(_compute_dtype(x))
         mean = xf.mean(dim=-1, keepdim=True)  # (..., 1)
         var = (xf - mean).pow(2).mean(dim=-1, keepdim=True)  # (..., 1), biased
-        y = (xf - mean) * torch.rsqrt(var + self.eps) * self.weight
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype)
+        return _affine((xf - mean) * torch.rsqrt(var + self.eps), self.weight, self.bias, x.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}, bias={self.bias is not None}"
@@ -100,7 +105,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
         xf = x.to(_compute_dtype(x))
-        return (_rms_normalize(xf, self.eps) * self.weight).to(x.dtype)
+        return _affine(_rms_normalize(xf, self.eps), self.weight, None, x.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
@@ -178,10 +183,7 @@ class DyT(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
         xf = x.to(_compute_dtype(x))
-        y = torch.tanh(self.alpha * xf) * self.weight
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype)
+        return _affine(torch.tanh(self.alpha * xf), self.weight, self.bias, x.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, bias={self.bias is not None}"
@@ -236,10 +238,7 @@ class BatchNorm(nn.Module):
                 self.running_var.mul_(1 - m).add_(m * torch.nan_to_num(unbiased).to(self.running_var.dtype))
         else:
             mean, var = self.running_mean.to(xf.dtype), self.running_var.to(xf.dtype)  # (C,)
-        y = (xf - mean) * torch.rsqrt(var + self.eps) * self.weight
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype)
+        return _affine((xf - mean) * torch.rsqrt(var + self.eps), self.weight, self.bias, x.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}, momentum={self.momentum}, bias={self.bias is not None}"
