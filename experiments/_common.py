@@ -42,6 +42,22 @@ def training_parser(name: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
+def add_placements(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--placements", default="pre,post", help="norm placements to compare (default pre,post)")
+
+
+def placements(args) -> list[str]:
+    """The --placements list, checked against the model's before anything is written."""
+    from babygpt.errors import BabyGPTError, unknown_choice
+    from babygpt.model import PLACEMENTS
+
+    chosen = args.placements.split(",")
+    bad = [pl for pl in chosen if pl not in PLACEMENTS]
+    if bad:
+        raise BabyGPTError(unknown_choice("placement", bad[0], PLACEMENTS))
+    return chosen
+
+
 def out_dir(args, name: str) -> str:
     path = args.out or os.path.join("results", name)
     os.makedirs(path, exist_ok=True)

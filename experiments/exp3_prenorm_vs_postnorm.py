@@ -16,8 +16,6 @@ import time
 
 import _common
 
-from babygpt.errors import BabyGPTError, unknown_choice
-from babygpt.model import PLACEMENTS
 from babygpt.plot import load_run, new_figure, plot_runs, save
 from babygpt.sweep import Run, Sweep
 
@@ -27,13 +25,10 @@ def main(argv):
     p.add_argument("--lr", type=float, default=3e-3, help="learning rate of every run (default 3e-3)")
     p.add_argument("--depths", default=None, help="comma-separated n_layer values (default 4,8,12; quick 2)")
     p.add_argument("--warmup", type=int, default=None, help="warmup iterations of the warmup runs (default 100)")
-    p.add_argument("--placements", default="pre,post", help="norm placements to compare (default pre,post)")
+    _common.add_placements(p)
     p.add_argument("--norm_type", default="layernorm", help="the norm of every run (default layernorm)")
     args = p.parse_args(argv)
-    placements = args.placements.split(",")
-    bad = [pl for pl in placements if pl not in PLACEMENTS]
-    if bad:
-        raise BabyGPTError(unknown_choice("placement", bad[0], PLACEMENTS))
+    placements = _common.placements(args)
     started = time.time()
     out = _common.out_dir(args, "exp3_prenorm_vs_postnorm")
     depths = [int(d) for d in (args.depths or ("2" if args.quick else "4,8,12")).split(",")]

@@ -23,8 +23,7 @@ import _common
 import torch
 
 from babygpt.data import BatchSampler, load_dataset
-from babygpt.errors import BabyGPTError, unknown_choice
-from babygpt.model import GPT, PLACEMENTS, GPTConfig
+from babygpt.model import GPT, GPTConfig
 from babygpt.plot import new_figure, save
 
 
@@ -49,12 +48,9 @@ def ffn_grad_norms(placement: str, n_layer: int, width: int, data, vocab: int, b
 def main(argv):
     p = _common.parser("exp4_grad_norm_at_init", __doc__.splitlines()[0])
     p.add_argument("--data_dir", default="data/shakespeare_char", help="prepared data (default: %(default)s)")
-    p.add_argument("--placements", default="pre,post", help="norm placements to compare (default pre,post)")
+    _common.add_placements(p)
     args = p.parse_args(argv)
-    placements = args.placements.split(",")
-    bad = [pl for pl in placements if pl not in PLACEMENTS]
-    if bad:
-        raise BabyGPTError(unknown_choice("placement", bad[0], PLACEMENTS))
+    placements = _common.placements(args)
     started = time.time()
     out = _common.out_dir(args, "exp4_grad_norm_at_init")
     train, _, tok = load_dataset(args.data_dir)
