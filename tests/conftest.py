@@ -28,6 +28,21 @@ def _seed():
     torch.manual_seed(0)
 
 
+class NaNAfter(torch.nn.Module):
+    """Wraps a model; once ``k`` training forward calls have run, the loss of the chosen kind of
+    call (training by default, else evaluation) is NaN."""
+
+    def __init__(self, model, k, in_eval=False):
+        super().__init__()
+        self.model, self.k, self.in_eval, self.calls = model, k, in_eval, 0
+
+    def forward(self, x, y):
+        logits, loss = self.model(x, y)
+        self.calls += self.training
+        poisoned = self.calls >= self.k and self.training != self.in_eval
+        return logits, loss * float("nan") if poisoned else loss
+
+
 # Training arguments for a tiny model that trains in about a second on CPU.
 TINY_TRAIN_ARGS = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=8",
                    "--eval_interval=10", "--eval_iters=2", "--log_interval=5", "--device=cpu",

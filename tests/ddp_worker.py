@@ -1,8 +1,8 @@
 """Launched by torchrun from test_distributed.py: train like train.py, then report whether the
 ranks ended with identical parameters and the same summary (rank 0 writes ranks.json into out_dir).
 
-With NAN_RANK=r and NAN_AFTER=k in the environment, rank r alone returns a NaN loss from its
-(k+1)-th training forward on: a divergence that starts on one rank only."""
+With NAN_RANK=r and NAN_FROM=k in the environment, rank r alone returns a NaN loss from its
+k-th training forward on: a divergence that starts on one rank only."""
 
 import json
 import os
@@ -15,29 +15,13 @@ import torch.distributed as dist  # noqa: E402
 
 from babygpt.config import load_config  # noqa: E402
 from babygpt.trainer import Trainer  # noqa: E402
-
-
-class NaNLossAfter:
-    """Wraps the training forward (the DDP module): the loss becomes NaN after ``k`` calls."""
-
-    def __init__(self, inner, k):
-        self.inner, self.k, self.calls = inner, k, 0
-
-    def __call__(self, x, y):
-        self.calls += 1
-        logits, loss = self.inner(x, y)
-        return logits, loss * float("nan") if self.calls > self.k else loss
-
-    def train(self, mode=True):
-        self.inner.train(mode)
-        return self
-
+from conftest import NaNAfter  # noqa: E402  (tests/ is this script's directory)
 
 dist.init_process_group("gloo")  # owned here, so the Trainer leaves it open for the check below
 cfg = load_config(sys.argv[1:])
 trainer = Trainer(cfg, sys.argv[1:])
 if os.environ.get("NAN_RANK") == str(dist.get_rank()):
-    trainer.forward_model = NaNLossAfter(trainer.forward_model, int(os.environ["NAN_AFTER"]))
+    trainer.forward_model = NaNAfter(trainer.forward_model, int(os.environ["NAN_FROM"]))  # wraps DDP
 summary = trainer.train()
 flat = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
 every = [torch.zeros_like(flat) for _ in range(dist.get_world_size())]

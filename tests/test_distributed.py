@@ -143,7 +143,7 @@ def test_nan_on_one_rank_stops_every_rank_at_the_same_iteration(ddp_run, tmp_pat
     """Rank 1 alone produces a NaN loss from its 6th step on: the averaged loss carries it to
     rank 0, and both ranks stop at the same metrics row with status diverged."""
     out = tmp_path / "div"
-    env = {**os.environ, "NAN_RANK": "1", "NAN_AFTER": "5"}
+    env = {**os.environ, "NAN_RANK": "1", "NAN_FROM": "6"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            os.path.join(ROOT, "tests", "ddp_worker.py"), *ARGS, f"--data_dir={ddp_run['data_dir']}",
            f"--out_dir={out}", "--max_iters=20"]

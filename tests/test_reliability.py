@@ -15,7 +15,7 @@ from babygpt.checkpoint import load_checkpoint, save_checkpoint
 from babygpt.config import load_config
 from babygpt.errors import BabyGPTError
 from babygpt.trainer import Trainer, train
-from conftest import ROOT, TINY_TRAIN_ARGS, assert_user_error, prepare_small_data, run_script
+from conftest import ROOT, TINY_TRAIN_ARGS, NaNAfter, assert_user_error, prepare_small_data, run_script
 
 
 @pytest.fixture(scope="module")
@@ -169,21 +169,6 @@ def test_signal_saves_checkpoint_and_exits_cleanly(data_dir, tmp_path, sig, code
 
 
 # ------------------------------------------------------------------ divergence
-
-class NaNAfter(torch.nn.Module):
-    """Wraps a model; once ``k`` training forward calls have run, the loss of the chosen kind of
-    call (training by default, else evaluation) is NaN."""
-
-    def __init__(self, model, k, in_eval=False):
-        super().__init__()
-        self.model, self.k, self.in_eval, self.calls = model, k, in_eval, 0
-
-    def forward(self, x, y):
-        logits, loss = self.model(x, y)
-        self.calls += self.training
-        poisoned = self.calls >= self.k and self.training != self.in_eval
-        return logits, loss * float("nan") if poisoned else loss
-
 
 def trainer_with_nan(data_dir, out_dir, k, *extra):
     cfg = load_config([f"--data_dir={data_dir}", f"--out_dir={out_dir}", *TINY_TRAIN_ARGS,
