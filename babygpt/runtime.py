@@ -29,6 +29,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def native_cuda_bf16() -> bool:
+    """bfloat16 in the GPU's hardware (Ampere and later). torch's own check also counts the slow
+    emulation older GPUs offer."""
+    return torch.cuda.is_bf16_supported(including_emulation=False)
+
+
 def resolve_dtype(device: torch.device, dtype: str) -> str:
     """``auto``: bfloat16 on a CUDA GPU that supports it, float16 (with a GradScaler) on one that
     does not, float32 elsewhere. On a CPU bfloat16 pays off only where the CPU has bfloat16
@@ -36,8 +42,7 @@ def resolve_dtype(device: torch.device, dtype: str) -> str:
     if dtype != "auto":
         return dtype
     if device.type == "cuda":
-        # Native bf16 only (Ampere and later): older GPUs emulate it, slowly, so they get float16.
-        return "bfloat16" if torch.cuda.is_bf16_supported(including_emulation=False) else "float16"
+        return "bfloat16" if native_cuda_bf16() else "float16"  # emulated bf16 is slower than fp16
     return "float32"
 
 

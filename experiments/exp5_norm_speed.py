@@ -36,7 +36,7 @@ from babygpt.errors import BabyGPTError
 from babygpt.model import GPTConfig
 from babygpt.norms import NORMS, build_norm
 from babygpt.plot import new_figure, save
-from babygpt.runtime import DTYPES, autocast
+from babygpt.runtime import DTYPES, autocast, native_cuda_bf16
 from babygpt.trainer import Trainer
 
 NAME = "exp5_norm_speed"
@@ -258,7 +258,7 @@ def end_to_end(args, impls: dict, quick: bool) -> tuple[list[dict], dict]:
                 "tokens": cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps}
         # The dtype the norms receive under bfloat16 autocast tells which dtype's isolated
         # timings apply to mixed-precision training.
-        if first.device.type == "cpu" or (first.device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)):
+        if first.device.type == "cpu" or (first.device.type == "cuda" and native_cuda_bf16()):
             cls = type(build_norm(cfg.norm_type, 8))
             info["bf16_norm_input_dtypes"] = sorted({str(d).replace("torch.", "")
                                                      for _, d in norm_inputs(first, cls, "bfloat16")})
@@ -531,7 +531,7 @@ def main(argv):
                "cuda": (gpu["batch_size"], gpu["block_size"], os.path.relpath(GPU_CONFIG, _common.ROOT))}
     device_dtypes = {"cpu": ["float32", "bfloat16"]}
     if torch.cuda.is_available():
-        device_dtypes["cuda"] = ["float32"] + (["bfloat16"] if torch.cuda.is_bf16_supported(including_emulation=False) else []) + ["float16"]
+        device_dtypes["cuda"] = ["float32"] + (["bfloat16"] if native_cuda_bf16() else []) + ["float16"]
     devices, token_text = {}, []
     for d, dts in device_dtypes.items():
         bs, ctx, source = batches[d]
