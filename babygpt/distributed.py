@@ -52,6 +52,12 @@ class Dist:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
+    def max(self, t: torch.Tensor) -> torch.Tensor:
+        """Elementwise maximum of ``t`` over ranks (in place, returned)."""
+        if self.enabled:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t
+
     def mean(self, t: torch.Tensor) -> torch.Tensor:
         """Average ``t`` over ranks. (ReduceOp.AVG exists for NCCL only, so sum and divide.)"""
         return self.sum(t) / self.world_size if self.enabled else t

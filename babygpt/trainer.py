@@ -476,8 +476,7 @@ class Trainer:
             return stop.signum
         if self.iter % self.cfg.log_interval:
             return None
-        flag = torch.tensor([float(stop.signum or 0)], device=self.device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        flag = self.dist.max(torch.tensor([float(stop.signum or 0)], device=self.device))
         return int(flag.item()) or None
 
     def _loop(self, stop: _StopSignals) -> str:
