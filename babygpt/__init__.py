@@ -1,6 +1,6 @@
 """BabyGPT: a character-level GPT for studying normalization in transformers."""
 
 from .model import GPT, GPTConfig
-from .norms import NORMS, build_norm
+from .norms import NORMS, Norm, NormOptions, build_norm
 
-__all__ = ["GPT", "GPTConfig", "NORMS", "build_norm"]
+__all__ = ["GPT", "GPTConfig", "NORMS", "Norm", "NormOptions", "build_norm"]

@@ -8,8 +8,10 @@ and keeps its traceback.
 import difflib
 
 
-class BabyGPTError(Exception):
-    """A problem with the user's input; ``str(err)`` says what is wrong and how to fix it."""
+class BabyGPTError(ValueError):
+    """A problem with the user's input; ``str(err)`` says what is wrong and how to fix it.
+
+    A ValueError, so that library code constructing a bad ``GPTConfig`` catches it the usual way."""
 
     def __init__(self, *problems: str):
         self.problems = list(problems)

@@ -8,46 +8,78 @@ Shapes: B batch, T time (positions), C = n_embd, H = n_head, D = C // H, V = voc
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Iterator
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .errors import unknown_choice
-from .norms import NORMS, build_norm
+from .errors import BabyGPTError, unknown_choice
+from .norms import NORMS, Norm, NormOptions, build_norm, qk_norm_refusal
 
 PLACEMENTS = ("pre", "post", "sandwich", "deepnorm")  # see the Block docstring
 # Placements whose residual stream reaches the LM head un-normalized: ln_f is on by default for these.
 FINAL_NORM_BY_DEFAULT = ("pre", "sandwich")
-# norm_type -> why qk_norm cannot use it.
-QK_NORM_EXCLUDED = {
-    "none": "the query/key norms would be the identity",
-    "batchnorm": "its statistics over batch and time would let queries and keys see later positions",
-}
+
+
+def _field(default, help: str):
+    """A field with the help text that the command line shows for it (config.py reads it)."""
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 65
-    block_size: int = 64
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    dropout: float = 0.0
-    bias: bool = True  # biases in Linear layers, and beta in LayerNorm, DyT and BatchNorm
-    norm_type: str = "rmsnorm"  # a key of norms.NORMS
-    norm_placement: str = "pre"  # one of PLACEMENTS
-    norm_eps: float = 1e-5
-    final_norm: bool | None = None  # None: on for pre/sandwich, off for post/deepnorm (the last ln2 normalizes)
-    qk_norm: bool = False  # normalize queries and keys per head with norm_type before attention
-    dyt_alpha_init: float = 0.5  # initial alpha of norm_type "dyt" (Zhu et al. 2025's default)
+    """The model's hyperparameters, declared only here: the training config holds one and
+    reads each field's type and help text from this class."""
+
+    vocab_size: int = _field(65, "set from the data's vocabulary")
+    block_size: int = _field(64, "context length in characters")
+    n_layer: int = _field(4, "number of transformer blocks")
+    n_head: int = _field(4, "attention heads per block (must divide n_embd)")
+    n_embd: int = _field(128, "model width")
+    dropout: float = _field(0.0, "dropout probability")
+    bias: bool = _field(True, "biases in Linear layers, and beta in LayerNorm, DyT and BatchNorm")
+    norm_type: str = _field("rmsnorm", "one of: " + ", ".join(NORMS))
+    norm_placement: str = _field("pre", "one of: " + ", ".join(PLACEMENTS))
+    norm_eps: float = _field(1e-5, "epsilon inside every norm")
+    final_norm: Optional[bool] = _field(
+        None, "norm before the LM head; none = on for pre/sandwich, off for post/deepnorm")
+    qk_norm: bool = _field(False, "normalize queries and keys per head with norm_type before attention")
+    dyt_alpha_init: float = _field(0.5, "initial alpha of norm_type dyt: y = gamma*tanh(alpha*x)+beta")
 
     def __post_init__(self):
-        problems = model_config_problems(self)
+        problems = self.problems()
         if problems:
-            raise ValueError("; ".join(problems))
+            raise BabyGPTError(*problems)
+
+    def problems(self) -> list[str]:
+        """Every problem with these fields, one message each, so that all are reported at once."""
+        problems = []
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                problems.append(f"{name} must be a positive integer, got {value!r}")
+        if (isinstance(self.n_embd, int) and isinstance(self.n_head, int) and self.n_head > 0
+                and self.n_embd > 0 and self.n_embd % self.n_head != 0):
+            problems.append(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if not 0.0 <= self.dropout < 1.0:
+            problems.append(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if self.norm_type not in NORMS:
+            problems.append(unknown_choice("norm_type", self.norm_type, NORMS))
+        if self.norm_placement not in PLACEMENTS:
+            problems.append(unknown_choice("norm_placement", self.norm_placement, PLACEMENTS))
+        problems += self.norm_options().problems()
+        if self.qk_norm and self.norm_type in NORMS:
+            reason = qk_norm_refusal(self.norm_type)
+            if reason is not None:
+                problems.append(f"qk_norm cannot be used with norm_type {self.norm_type!r}: "
+                                f"{reason}; choose another norm_type or set qk_norm false")
+        return problems
+
+    def norm_options(self) -> NormOptions:
+        """The options every norm of the model is built with."""
+        return NormOptions(eps=self.norm_eps, bias=self.bias, alpha_init=self.dyt_alpha_init)
 
     @property
     def use_final_norm(self) -> bool:
@@ -56,38 +88,9 @@ class GPTConfig:
         return self.final_norm
 
 
-def model_config_problems(cfg) -> list[str]:
-    """Every problem with the model fields of ``cfg`` (a GPTConfig or anything with those fields)."""
-    problems = []
-    for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-        if not hasattr(cfg, name):  # TrainConfig has no vocab_size: the data decides it
-            continue
-        value = getattr(cfg, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            problems.append(f"{name} must be a positive integer, got {value!r}")
-    if (isinstance(cfg.n_embd, int) and isinstance(cfg.n_head, int) and cfg.n_head > 0
-            and cfg.n_embd > 0 and cfg.n_embd % cfg.n_head != 0):
-        problems.append(f"n_embd ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head})")
-    if not 0.0 <= cfg.dropout < 1.0:
-        problems.append(f"dropout must be in [0, 1), got {cfg.dropout!r}")
-    if not cfg.norm_eps > 0:
-        problems.append(f"norm_eps must be positive, got {cfg.norm_eps!r}")
-    if cfg.norm_type not in NORMS:
-        problems.append(unknown_choice("norm_type", cfg.norm_type, NORMS))
-    if cfg.norm_placement not in PLACEMENTS:
-        problems.append(unknown_choice("norm_placement", cfg.norm_placement, PLACEMENTS))
-    if not 0 < cfg.dyt_alpha_init < math.inf:
-        problems.append(f"dyt_alpha_init must be a positive finite number, got {cfg.dyt_alpha_init!r}")
-    if cfg.qk_norm and cfg.norm_type in QK_NORM_EXCLUDED:
-        problems.append(f"qk_norm cannot be used with norm_type {cfg.norm_type!r}: "
-                        f"{QK_NORM_EXCLUDED[cfg.norm_type]}; choose another norm_type or set qk_norm false")
-    return problems
-
-
-def make_norm(cfg: GPTConfig, dim: int, norm_type: str | None = None) -> nn.Module:
+def make_norm(cfg: GPTConfig, dim: int, norm_type: str | None = None) -> Norm:
     """The configured norm (or ``norm_type``) for width ``dim``: every norm in the model is built here."""
-    return build_norm(cfg.norm_type if norm_type is None else norm_type, dim,
-                      eps=cfg.norm_eps, bias=cfg.bias, alpha_init=cfg.dyt_alpha_init)
+    return build_norm(cfg.norm_type if norm_type is None else norm_type, dim, cfg.norm_options())
 
 
 class KVCache:
@@ -119,6 +122,10 @@ class MultiHeadAttention(nn.Module):
     arXiv:2010.04245; Dehghani et al. 2023, arXiv:2302.05442). This bounds the
     attention logits, whose growth makes softmax saturate. One ``q_norm`` and one
     ``k_norm`` per layer, shared by all heads; the 1/sqrt(D) scale stays.
+
+    ``dropout`` here is on the attention probabilities only; the dropout of what the
+    sublayer writes into the stream is the Block's, since where it belongs depends on
+    the placement.
     """
 
     def __init__(self, cfg: GPTConfig):
@@ -127,7 +134,6 @@ class MultiHeadAttention(nn.Module):
         self.dropout = cfg.dropout
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)  # writes into the residual stream
-        self.resid_drop = nn.Dropout(cfg.dropout)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
             self.q_norm = make_norm(cfg, cfg.n_embd // cfg.n_head)  # over D
@@ -150,62 +156,69 @@ class MultiHeadAttention(nn.Module):
             q, k, v, is_causal=causal, dropout_p=self.dropout if self.training else 0.0
         )  # (B, H, T, D); position t attends to positions <= t only
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
-        return self.resid_drop(self.proj(y))
+        return self.proj(y)
 
 
 class FeedForward(nn.Module):
-    """Position-wise MLP: C -> 4C -> GELU -> C."""
+    """Position-wise MLP: C -> 4C -> GELU -> C. Its residual dropout is the Block's."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)  # writes into the residual stream
-        self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
-        return self.drop(self.proj(F.gelu(self.fc(x))))
+        return self.proj(F.gelu(self.fc(x)))
 
 
 class Block(nn.Module):
     """One transformer block; ``norm_placement`` decides where its norms sit.
 
+    Residual dropout (``drop``, p = dropout) acts on exactly what a sublayer branch adds
+    to the stream, the last thing before each (+) below. Dropout scales the values it
+    keeps by 1 / (1 - p) so that the branch keeps its eval-mode mean; a norm applied
+    after it would rescale the dropped vector and undo that, so it never comes before
+    a norm on the same branch.
+
     Pre-LN (GPT-2; Xiong et al. 2020, arXiv:2002.04745) normalizes each sublayer's
     *input*; the residual stream itself is never normalized on its way through,
     so the model needs a final norm (``ln_f``) before the LM head::
 
-        x ──┬──────────────────► (+) ──┬───────────────────────► (+) ──►
-            └─► ln1 ─► sa ───────┘     └─► ln2 ─► ffwd ──────────┘
+        x ──┬──────────────────────────► (+) ──┬───────────────────────────────► (+) ──►
+            └─► ln1 ─► sa ─► drop ───────┘     └─► ln2 ─► ffwd ─► drop ──────────┘
 
     Post-LN (the original Transformer, Vaswani et al. 2017) normalizes the
     residual stream *after* each add. This is the intended placement, not a
     bug: the last block's ``ln2`` already normalizes the output, so the final
     norm is off by default::
 
-        x ──┬──────────► (+) ─► ln1 ──┬───────────► (+) ─► ln2 ──►
-            └─► sa ──────┘            └─► ffwd ─────┘
+        x ──┬──────────────────► (+) ─► ln1 ──┬───────────────────► (+) ─► ln2 ──►
+            └─► sa ─► drop ──────┘            └─► ffwd ─► drop ─────┘
 
     Sandwich-LN (CogView, Ding et al. 2021, arXiv:2105.13290) / Peri-LN (Kim et al.
     2025, arXiv:2502.02732) is Pre-LN plus a norm on each sublayer's *output*
     (``ln1_out``, ``ln2_out``) before the add, which bounds what one sublayer can
-    write into the stream. The stream is still not normalized, so ``ln_f`` is on::
+    write into the stream. The stream is still not normalized, so ``ln_f`` is on.
+    The dropout comes after the output norm::
 
-        x ──┬──────────────────────────► (+) ──┬─────────────────────────────► (+) ──►
-            └─► ln1 ─► sa ─► ln1_out ────┘     └─► ln2 ─► ffwd ─► ln2_out ─────┘
+        x ──┬──────────────────────────────────► (+) ──┬─────────────────────────────────────► (+) ──►
+            └─► ln1 ─► sa ─► ln1_out ─► drop ────┘     └─► ln2 ─► ffwd ─► ln2_out ─► drop ─────┘
 
     DeepNorm (DeepNet, Wang et al. 2022, arXiv:2203.00555) is Post-LN with the
-    residual up-weighted by alpha = (2N)^(1/4), N = n_layer (the decoder-only value),
+    residual up-weighted by the paper's alpha (``residual_scale`` here, not to be
+    confused with DyT's alpha) = (2N)^(1/4), N = n_layer (the decoder-only value),
     so each update is small relative to the stream; ``ln_f`` is off as for Post-LN,
     and its init is in GPT._init_weights::
 
-        x ──┬─► ×α ───────► (+) ─► ln1 ──┬─► ×α ─────────► (+) ─► ln2 ──►
-            └─► sa ─────────┘            └─► ffwd ─────────┘
+        x ──┬─► ×α ───────────────► (+) ─► ln1 ──┬─► ×α ─────────────────► (+) ─► ln2 ──►
+            └─► sa ─► drop ─────────┘            └─► ffwd ─► drop ─────────┘
     """
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.placement = cfg.norm_placement
-        # Residual weight: (2N)^(1/4) for DeepNorm, 1 for plain Post-LN (unused otherwise).
-        self.alpha = (2 * cfg.n_layer) ** 0.25 if cfg.norm_placement == "deepnorm" else 1.0
+        # Weight of the residual: (2N)^(1/4) for DeepNorm, 1 for plain Post-LN (unused otherwise).
+        self.residual_scale = (2 * cfg.n_layer) ** 0.25 if cfg.norm_placement == "deepnorm" else 1.0
         self.ln1 = make_norm(cfg, cfg.n_embd)
         self.sa = MultiHeadAttention(cfg)
         self.ln2 = make_norm(cfg, cfg.n_embd)
@@ -213,18 +226,19 @@ class Block(nn.Module):
         if cfg.norm_placement == "sandwich":
             self.ln1_out = make_norm(cfg, cfg.n_embd)
             self.ln2_out = make_norm(cfg, cfg.n_embd)
+        self.drop = nn.Dropout(cfg.dropout)  # residual dropout, shared by both branches (it has no state)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         # (B, T, C) -> (B, T, C); cache and layer are only used when sampling with a KV cache
         if self.placement == "pre":
-            x = x + self.sa(self.ln1(x), cache, layer)
-            x = x + self.ffwd(self.ln2(x))
+            x = x + self.drop(self.sa(self.ln1(x), cache, layer))
+            x = x + self.drop(self.ffwd(self.ln2(x)))
         elif self.placement == "sandwich":
-            x = x + self.ln1_out(self.sa(self.ln1(x), cache, layer))
-            x = x + self.ln2_out(self.ffwd(self.ln2(x)))
-        else:  # "post", or "deepnorm" (the same with alpha != 1)
-            x = self.ln1(self.alpha * x + self.sa(x, cache, layer))
-            x = self.ln2(self.alpha * x + self.ffwd(x))
+            x = x + self.drop(self.ln1_out(self.sa(self.ln1(x), cache, layer)))
+            x = x + self.drop(self.ln2_out(self.ffwd(self.ln2(x))))
+        else:  # "post", or "deepnorm" (the same with residual_scale != 1)
+            x = self.ln1(self.residual_scale * x + self.drop(self.sa(x, cache, layer)))
+            x = self.ln2(self.residual_scale * x + self.drop(self.ffwd(x)))
         return x
 
 
@@ -366,8 +380,7 @@ class GPT(nn.Module):
         no_decay = [p for p in params if p.dim() < 2]
         # The dim rule must agree with what the parameters are: a norm class with a matrix-shaped
         # parameter would otherwise be decayed without anyone noticing.
-        norm_types = tuple(c for c in NORMS.values() if isinstance(c, type))
-        expected = {id(p) for m in self.modules() if isinstance(m, norm_types) for p in m.parameters()}
+        expected = {id(p) for m in self.modules() if isinstance(m, Norm) for p in m.parameters()}
         expected |= {id(m.bias) for m in self.modules() if isinstance(m, nn.Linear) and m.bias is not None}
         assert {id(p) for p in no_decay} == expected, "norm/bias parameters must be exactly the non-decayed group"
         assert len(decay) + len(no_decay) == len(params), "every parameter must be in exactly one optimizer group"

@@ -9,20 +9,33 @@ Each class computes in (at least) float32 and casts the result back to the input
 under float16 the squares inside a norm overflow long before the activations
 themselves do (300.0 ** 2 = 90000 > 65504, the largest float16).
 
-Every class takes the same arguments, ``Cls(dim, *, eps, bias, alpha_init)``, and
-ignores (with ``del``) the options it has no use for:
+The contract
+------------
+- Every class derives from ``Norm`` and is built as ``Cls(dim, options, **overrides)``:
+  ``options`` is a ``NormOptions`` (eps, bias, alpha_init), ``overrides`` replace some of
+  its fields (``LayerNorm(64, eps=1e-6)``), and a misspelt override is a TypeError. A class
+  reads only the options it has a use for.
+- What a norm *does*, as far as the rest of the code needs to know, is declared by the
+  class attributes of ``Norm`` (``mixes_positions``, ``is_identity``), which a class
+  overrides where it differs. Nothing reads behaviour from a norm's registry name:
+  ``qk_norm_refusal`` and the tests ask the class, through ``norm_class``.
+- ``NORMS`` maps each valid ``norm_type`` to a class, or to a ``functools.partial`` of one
+  whose keywords fix some options (they take precedence over the options ``build_norm``
+  passes). ``build_norm`` is the only way the model constructs a norm.
 
-- ``eps``: added to the variance / mean square (a floor on the norm for ScaleNorm);
-- ``bias``: whether the norm has an additive beta (LayerNorm, DyT, BatchNorm);
-- ``alpha_init``: the initial value of DyT's learnable alpha.
-
-To add a variant: write an ``nn.Module`` with that signature and add one line to
-``NORMS``. ``build_norm`` is the only way the model constructs a norm; it passes
-every option to every class, so no behaviour depends on a norm's name.
+To add a variant: write a ``Norm`` subclass here with that constructor (resolve the options
+with ``_resolve`` first, set ``mixes_positions`` / ``is_identity`` if they differ from the
+defaults) and add one line to ``NORMS``. If it needs a new option, add a field to
+``NormOptions`` (with its check in ``NormOptions.problems``), the matching field to
+``model.GPTConfig`` and one line to ``GPTConfig.norm_options``; nothing else changes. The
+placement x norm_type grid of the tests (tests/conftest.py) reads ``NORMS``, so a new entry
+is covered by them without a test edit.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 
 import torch
@@ -30,6 +43,53 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import unknown_choice
+
+
+@dataclasses.dataclass(frozen=True)
+class NormOptions:
+    """The options a norm may read; each class reads only those it has a use for.
+
+    - ``eps``: added to the variance / mean square before the square root (LayerNorm,
+      RMSNorm, RMSNormNoParam, BatchNorm); a floor on the L2 norm for ScaleNorm; unused by DyT.
+    - ``bias``: whether the norm has an additive beta (LayerNorm, DyT, BatchNorm); the
+      others have none whatever its value.
+    - ``alpha_init``: the initial value of DyT's learnable scalar alpha (0.5 is the paper's default).
+
+    Frozen, so that one instance can be the shared default of every constructor.
+    """
+
+    eps: float = 1e-5
+    bias: bool = True
+    alpha_init: float = 0.5
+
+    def problems(self) -> list[str]:
+        """Every invalid option, one message each. The messages name GPTConfig's fields
+        (norm_eps, dyt_alpha_init), since those are what a user sets."""
+        problems = []
+        if not self.eps > 0:
+            problems.append(f"norm_eps must be positive, got {self.eps!r}")
+        if not 0 < self.alpha_init < math.inf:
+            problems.append(f"dyt_alpha_init must be a positive finite number, got {self.alpha_init!r}")
+        return problems
+
+
+class Norm(nn.Module):
+    """The base of every registered norm, declaring what a norm does as class attributes.
+
+    A subclass overrides an attribute only where it differs from these defaults. The model
+    and the config checks read these, never a norm's registry name.
+    """
+
+    # The output at one position depends on other positions or sequences (BatchNorm's training
+    # statistics over batch and time): the model is then not causal, and q/k norms could look ahead.
+    mixes_positions = False
+    # The output is the input, unchanged (NoNorm): as a query/key norm it would do nothing.
+    is_identity = False
+
+
+def _resolve(options: NormOptions, overrides: dict) -> NormOptions:
+    """``options`` with ``overrides`` applied; an unknown name is a TypeError from ``replace``."""
+    return dataclasses.replace(options, **overrides)
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -51,7 +111,7 @@ def _rms_normalize(xf: torch.Tensor, eps: float) -> torch.Tensor:
     return xf * torch.rsqrt(ms + eps)
 
 
-class LayerNorm(nn.Module):
+class LayerNorm(Norm):
     """Layer normalization (Ba, Kiros & Hinton 2016, arXiv:1607.06450).
 
     y = (x - mean) / sqrt(var + eps) * weight + bias
@@ -65,12 +125,12 @@ class LayerNorm(nn.Module):
     is 6-12x faster forward+backward on CPU at widths 128-4096 (experiments/exp5_norm_speed.py).
     """
 
-    def __init__(self, dim: int, *, eps: float = 1e-5, bias: bool = True, alpha_init: float = 0.5):
+    def __init__(self, dim: int, options: NormOptions = NormOptions(), **overrides):
         super().__init__()
-        del alpha_init  # DyT only
-        self.eps = eps
+        options = _resolve(options, overrides)
+        self.eps = options.eps
         self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+        self.bias = nn.Parameter(torch.zeros(dim)) if options.bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
         xf = x.to(_compute_dtype(x))
@@ -88,7 +148,7 @@ class LayerNorm(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}, bias={self.bias is not None}"
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(Norm):
     """Root mean square normalization (Zhang & Sennrich 2019, arXiv:1910.07467).
 
     y = x * rsqrt(mean(x^2) + eps) * weight
@@ -97,10 +157,9 @@ class RMSNorm(nn.Module):
     what makes LayerNorm work. ``weight`` starts at 1.
     """
 
-    def __init__(self, dim: int, *, eps: float = 1e-5, bias: bool = True, alpha_init: float = 0.5):
+    def __init__(self, dim: int, options: NormOptions = NormOptions(), **overrides):
         super().__init__()
-        del bias, alpha_init  # RMSNorm has no bias by definition, and no alpha
-        self.eps = eps
+        self.eps = _resolve(options, overrides).eps  # no bias by definition, whatever options.bias says
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
@@ -111,7 +170,7 @@ class RMSNorm(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}"
 
 
-class RMSNormNoParam(nn.Module):
+class RMSNormNoParam(Norm):
     """RMSNorm without the gain: y = x * rsqrt(mean(x^2) + eps).
 
     The formula of Zhang & Sennrich 2019 (arXiv:1910.07467) with ``weight`` fixed
@@ -121,10 +180,9 @@ class RMSNormNoParam(nn.Module):
     It has no parameters at all.
     """
 
-    def __init__(self, dim: int, *, eps: float = 1e-5, bias: bool = True, alpha_init: float = 0.5):
+    def __init__(self, dim: int, options: NormOptions = NormOptions(), **overrides):
         super().__init__()
-        del dim, bias, alpha_init  # nothing learnable
-        self.eps = eps
+        self.eps = _resolve(options, overrides).eps  # nothing learnable, so dim is not needed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
         return _rms_normalize(x.to(_compute_dtype(x)), self.eps).to(x.dtype)
@@ -133,7 +191,7 @@ class RMSNormNoParam(nn.Module):
         return f"eps={self.eps}"
 
 
-class ScaleNorm(nn.Module):
+class ScaleNorm(Norm):
     """ScaleNorm (Nguyen & Salazar 2019, "Transformers without Tears", arXiv:1910.05895).
 
     y = g * x / max(||x||_2, eps)
@@ -145,10 +203,9 @@ class ScaleNorm(nn.Module):
     added under a square root.
     """
 
-    def __init__(self, dim: int, *, eps: float = 1e-5, bias: bool = True, alpha_init: float = 0.5):
+    def __init__(self, dim: int, options: NormOptions = NormOptions(), **overrides):
         super().__init__()
-        del bias, alpha_init  # no beta and no alpha in ScaleNorm
-        self.eps = eps
+        self.eps = _resolve(options, overrides).eps  # no beta in ScaleNorm
         self.gain = nn.Parameter(torch.tensor(math.sqrt(dim)))  # () scalar g
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
@@ -160,7 +217,7 @@ class ScaleNorm(nn.Module):
         return f"eps={self.eps}"
 
 
-class DyT(nn.Module):
+class DyT(Norm):
     """Dynamic Tanh (Zhu, Chen, He, LeCun & Liu 2025, "Transformers without
     Normalization", arXiv:2503.10622).
 
@@ -174,12 +231,12 @@ class DyT(nn.Module):
     ``bias=False`` drops beta, as for LayerNorm. ``eps`` is unused.
     """
 
-    def __init__(self, dim: int, *, eps: float = 1e-5, bias: bool = True, alpha_init: float = 0.5):
+    def __init__(self, dim: int, options: NormOptions = NormOptions(), **overrides):
         super().__init__()
-        del eps  # nothing is divided
-        self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))  # () scalar
+        options = _resolve(options, overrides)  # eps unused: nothing is divided
+        self.alpha = nn.Parameter(torch.tensor(float(options.alpha_init)))  # () scalar
         self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+        self.bias = nn.Parameter(torch.zeros(dim)) if options.bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
         xf = x.to(_compute_dtype(x))
@@ -189,7 +246,7 @@ class DyT(nn.Module):
         return f"{self.weight.shape[0]}, bias={self.bias is not None}"
 
 
-class BatchNorm(nn.Module):
+class BatchNorm(Norm):
     """Batch normalization (Ioffe & Szegedy 2015, arXiv:1502.03167), over batch *and* time.
 
     y = (x - mean) / sqrt(var + eps) * weight + bias
@@ -207,14 +264,15 @@ class BatchNorm(nn.Module):
     future it is asked to predict in training, and behaves differently in eval.
     """
 
+    mixes_positions = True  # in training: see above
     momentum = 0.1
 
-    def __init__(self, dim: int, *, eps: float = 1e-5, bias: bool = True, alpha_init: float = 0.5):
+    def __init__(self, dim: int, options: NormOptions = NormOptions(), **overrides):
         super().__init__()
-        del alpha_init  # DyT only
-        self.eps = eps
+        options = _resolve(options, overrides)
+        self.eps = options.eps
         self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+        self.bias = nn.Parameter(torch.zeros(dim)) if options.bias else None
         self.register_buffer("running_mean", torch.zeros(dim))  # (C,)
         self.register_buffer("running_var", torch.ones(dim))  # (C,)
 
@@ -244,19 +302,21 @@ class BatchNorm(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}, momentum={self.momentum}, bias={self.bias is not None}"
 
 
-class NoNorm(nn.Module):
+class NoNorm(Norm):
     """The identity: a block with this "norm" has no normalization at all."""
 
-    def __init__(self, dim: int, *, eps: float = 1e-5, bias: bool = True, alpha_init: float = 0.5):
+    is_identity = True
+
+    def __init__(self, dim: int, options: NormOptions = NormOptions(), **overrides):
         super().__init__()
-        del dim, eps, bias, alpha_init
+        _resolve(options, overrides)  # only to refuse a misspelt override, as every norm does
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
 
-# name -> class taking (dim, *, eps, bias, alpha_init). The single list of valid norm_type values.
-NORMS: dict[str, type[nn.Module]] = {
+# name -> a Norm subclass, or a functools.partial of one. The single list of valid norm_type values.
+NORMS: dict[str, type[Norm] | functools.partial] = {
     "layernorm": LayerNorm,
     "rmsnorm": RMSNorm,
     "rmsnorm_noparam": RMSNormNoParam,
@@ -267,9 +327,39 @@ NORMS: dict[str, type[nn.Module]] = {
 }
 
 
-def build_norm(name: str, dim: int, *, eps: float = 1e-5, bias: bool = True,
-               alpha_init: float = 0.5) -> nn.Module:
-    """Construct the norm registered under ``name`` for width ``dim``, passing it every option."""
+def norm_class(entry) -> type[Norm]:
+    """The Norm subclass behind a registry entry (a class, or a functools.partial of one),
+    so that its declared properties can be read without building it."""
+    cls = entry
+    while isinstance(cls, functools.partial):
+        cls = cls.func
+    if not (isinstance(cls, type) and issubclass(cls, Norm)):
+        raise TypeError(f"a NORMS entry must be a Norm subclass or a functools.partial of one, got {entry!r}")
+    return cls
+
+
+def _entry(name: str):
+    """The registry entry for ``name``; an unknown name gets the list of valid ones."""
     if name not in NORMS:
         raise ValueError(unknown_choice("norm_type", name, NORMS))
-    return NORMS[name](dim, eps=eps, bias=bias, alpha_init=alpha_init)
+    return NORMS[name]
+
+
+def qk_norm_refusal(name: str) -> str | None:
+    """Why the norm registered under ``name`` cannot normalize queries and keys, or None if it can."""
+    cls = norm_class(_entry(name))
+    if cls.is_identity:
+        return "the query/key norms would be the identity"
+    if cls.mixes_positions:
+        return "its statistics over batch and time would let queries and keys see later positions"
+    return None
+
+
+def build_norm(name: str, dim: int, options: NormOptions | None = None, **overrides) -> Norm:
+    """Construct the norm registered under ``name`` for width ``dim``.
+
+    Precedence, lowest first: ``options`` (default ``NormOptions()``), the keywords of a
+    ``functools.partial`` entry (it was registered to fix them), then ``overrides``."""
+    entry = _entry(name)
+    norm_class(entry)  # refuse an entry outside the contract before building it
+    return entry(dim, NormOptions() if options is None else options, **overrides)

@@ -1,18 +1,22 @@
 """The GPT over the whole placement x norm_type grid, on tiny models."""
 
+import dataclasses
+import functools
 import math
+import typing
 
 import pytest
 import torch
 from torch.testing import assert_close
 
+from babygpt.errors import BabyGPTError
 from babygpt.model import GPT, PLACEMENTS, Block, GPTConfig, KVCache
-from babygpt.norms import NORMS, LayerNorm, NoNorm, RMSNorm
+from babygpt.norms import NORMS, LayerNorm, NoNorm, Norm, NormOptions, RMSNorm, norm_class
 from conftest import GRID, GRID_IDS, tiny_config
 
-# BatchNorm's training statistics span the whole sequence: it is not causal by design, and
-# test_variants.py shows exactly that instead.
-CAUSAL_GRID = [(p, n) for p, n in GRID if n != "batchnorm"]
+# A norm that mixes positions (BatchNorm's training statistics span the whole sequence) is not
+# causal by design, and test_variants.py shows exactly that instead.
+CAUSAL_GRID = [(p, n) for p, n in GRID if not norm_class(NORMS[n]).mixes_positions]
 CAUSAL_IDS = [f"{p}-{n}" for p, n in CAUSAL_GRID]
 
 
@@ -127,6 +131,77 @@ def test_block_residual_paths(placement):
     assert_close(block(x), expected)
 
 
+
+class _Zeros(torch.nn.Module):
+    """Stands in for a sublayer: writes nothing, so the block's output is x plus the other branch."""
+
+    def forward(self, x, *args):
+        return torch.zeros_like(x)
+
+
+@pytest.mark.parametrize("placement", ["pre", "sandwich"])
+def test_residual_dropout_keeps_the_branch_unbiased(placement):
+    """Averaged over training-mode forwards, what the FFN branch adds to the stream equals what it
+    adds in eval. For sandwich this needs the dropout after ln2_out: dropout before a norm is
+    rescaled by it, and the branch came out at ~0.89 of its eval value at p = 0.2."""
+    cfg = tiny_config(norm_placement=placement, norm_type="rmsnorm", dropout=0.2)
+    block = Block(cfg)
+    block.sa = _Zeros()  # no attention branch: x + 0 reaches the FFN unchanged
+    x = torch.randn(2, 5, cfg.n_embd)
+    with torch.no_grad():
+        expected = block.eval()(x) - x  # (B, T, C): the branch in eval
+        block.train()
+        mean = torch.stack([block(x) - x for _ in range(200)]).mean(0)
+        assert not torch.equal(block(x) - x, expected)  # dropout is on in training
+    ratio = (mean.norm() / expected.norm()).item()
+    assert abs(ratio - 1) < 0.03, ratio
+    assert torch.nn.functional.cosine_similarity(mean.flatten(), expected.flatten(), dim=0) > 0.98
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_residual_dropout_acts_on_what_each_branch_writes(placement):
+    """The Block's dropout receives each branch's last output (the projection, or the output
+    norm for sandwich), and what it returns is what reaches the add."""
+    cfg = tiny_config(norm_placement=placement, norm_type="layernorm", dropout=0.3)
+    block = Block(cfg).train()
+    seen = {}
+
+    def hook(name):
+        def record(module, args, output):
+            seen.setdefault(name, []).append((args[0], output))
+        return record
+
+    last = ("ln1_out", "ln2_out") if placement == "sandwich" else ("sa", "ffwd")
+    for name in (*last, "drop", "ln1", "ln2"):
+        getattr(block, name).register_forward_hook(hook(name))
+    x = torch.randn(2, 5, cfg.n_embd)
+    out = block(x)
+    (d1_in, d1_out), (d2_in, d2_out) = seen["drop"]
+    assert torch.equal(d1_in, seen[last[0]][0][1]) and torch.equal(d2_in, seen[last[1]][0][1])
+    assert not torch.equal(d1_out, d1_in)  # it drops (p = 0.3 over 320 values)
+    if placement in ("pre", "sandwich"):
+        h = x + d1_out
+        assert_close(out, h + d2_out)
+    else:
+        a = block.residual_scale
+        ln1_in, h = seen["ln1"][0]
+        assert_close(ln1_in, a * x + d1_out)
+        assert_close(seen["ln2"][0][0], a * h + d2_out)
+        assert torch.equal(out, seen["ln2"][0][1])
+
+
+def test_dropout_modules_and_state_dict_keys():
+    """Residual dropout moved from the sublayers to the Block; nn.Dropout has no state, so the
+    checkpoint keys are those of before."""
+    cfg = tiny_config(dropout=0.1)
+    model = GPT(cfg)
+    dropouts = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout)}
+    assert dropouts == {"drop", "blocks.0.drop", "blocks.1.drop"}
+    assert model.blocks[0].sa.dropout == 0.1  # attention-probability dropout stays in attention
+    keys = set(model.state_dict())
+    assert {"blocks.0.sa.proj.weight", "blocks.0.ffwd.proj.weight", "blocks.0.ln1.weight"} <= keys
+    assert not any("drop" in k for k in keys)
+
 def test_attention_matches_manual_causal_softmax():
     cfg = tiny_config()
     sa = GPT(cfg).blocks[0].sa
@@ -187,6 +262,48 @@ def test_invalid_config_names_the_field(field, value):
         tiny_config(**{field: value})
 
 
+
+def test_config_problems_are_reported_together():
+    with pytest.raises(BabyGPTError) as err:
+        GPTConfig(n_embd=33, dropout=1.5, norm_eps=-1.0, norm_type="none", qk_norm=True)
+    assert isinstance(err.value, ValueError)
+    assert err.value.problems == [
+        "n_embd (33) must be divisible by n_head (4)",
+        "dropout must be in [0, 1), got 1.5",
+        "norm_eps must be positive, got -1.0",
+        "qk_norm cannot be used with norm_type 'none': the query/key norms would be the identity; "
+        "choose another norm_type or set qk_norm false",
+    ]
+    assert GPTConfig().problems() == []
+
+
+def test_config_maps_its_fields_to_norm_options():
+    cfg = GPTConfig(norm_eps=1e-6, bias=False, dyt_alpha_init=0.8)
+    assert cfg.norm_options() == NormOptions(eps=1e-6, bias=False, alpha_init=0.8)
+
+
+def test_config_fields_have_types_and_help():
+    """config.py reads each field's type (with typing.get_type_hints) and help text from here."""
+    hints = typing.get_type_hints(GPTConfig)
+    assert hints["final_norm"] == typing.Optional[bool] and hints["norm_type"] is str
+    assert hints["n_layer"] is int and hints["dropout"] is float and hints["qk_norm"] is bool
+    for f in dataclasses.fields(GPTConfig):
+        assert f.metadata["help"], f.name
+        assert f.name in hints
+
+
+def test_a_registered_partial_fixes_its_keywords_in_the_model(monkeypatch):
+    """functools.partial(LayerNorm, bias=False) gives LayerNorms without beta even though
+    GPTConfig.bias (which also reaches the norms) is True."""
+    monkeypatch.setitem(NORMS, "layernorm_nobias", functools.partial(LayerNorm, bias=False))
+    cfg = tiny_config(norm_type="layernorm_nobias", bias=True, qk_norm=True, final_norm=True)
+    model = GPT(cfg)
+    lns = [m for m in model.modules() if isinstance(m, LayerNorm)]
+    assert len(lns) == 2 * 2 + 2 * 2 + 1  # ln1, ln2, q_norm, k_norm per block, and ln_f
+    assert all(m.bias is None for m in lns)
+    assert model.blocks[0].sa.qkv.bias is not None  # the Linear layers still follow cfg.bias
+    model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3)  # norm params recognised as Norm's
+
 def test_unknown_norm_type_lists_valid_names():
     with pytest.raises(ValueError) as err:
         tiny_config(norm_type="batchnorm2")
@@ -213,8 +330,8 @@ def test_optimizer_groups_catch_a_matrix_shaped_norm_parameter(monkeypatch):
     """A norm with a 2-D parameter would fall into the decayed group by the dim rule: refused."""
     from babygpt import norms
 
-    class MatrixNorm(torch.nn.Module):
-        def __init__(self, dim, *, eps=1e-5, bias=True, alpha_init=0.5):
+    class MatrixNorm(Norm):
+        def __init__(self, dim, options=NormOptions(), **overrides):
             super().__init__()
             self.mix = torch.nn.Parameter(torch.eye(dim))
 

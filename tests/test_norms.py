@@ -1,5 +1,6 @@
 """Our from-scratch norms against PyTorch's own (or their formulas), values and gradients."""
 
+import functools
 import inspect
 import math
 
@@ -9,7 +10,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from babygpt.norms import NORMS, BatchNorm, DyT, LayerNorm, NoNorm, RMSNorm, RMSNormNoParam, ScaleNorm, build_norm
+from babygpt.norms import (NORMS, BatchNorm, DyT, LayerNorm, NoNorm, Norm, NormOptions, RMSNorm, RMSNormNoParam,
+                           ScaleNorm, build_norm, norm_class, qk_norm_refusal)
 
 D = 32
 
@@ -138,7 +140,7 @@ def test_none_is_identity():
 @pytest.mark.parametrize("name", list(NORMS))
 def test_build_norm_builds_each_registered_name(name):
     norm = build_norm(name, D, eps=1e-6, bias=True)
-    assert isinstance(norm, NORMS[name])
+    assert isinstance(norm, norm_class(NORMS[name])) and isinstance(norm, Norm)
     assert norm(torch.randn(2, D)).shape == (2, D)
 
 
@@ -167,11 +169,14 @@ def test_norms_compute_in_float32_under_autocast(name):
 
 
 @pytest.mark.parametrize("name", list(NORMS))
-def test_every_norm_takes_the_same_keyword_only_options(name):
-    """build_norm passes eps, bias and alpha_init to every class: each must accept exactly those."""
-    params = inspect.signature(NORMS[name]).parameters
-    assert list(params) == ["dim", "eps", "bias", "alpha_init"]
-    assert all(params[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("eps", "bias", "alpha_init"))
+def test_every_norm_is_built_from_dim_options_and_overrides(name):
+    """build_norm passes (dim, options, **overrides) to every class: each must take exactly those."""
+    cls = norm_class(NORMS[name])
+    assert issubclass(cls, Norm)
+    params = inspect.signature(cls).parameters
+    assert list(params) == ["dim", "options", "overrides"]
+    assert params["options"].default == NormOptions()
+    assert params["overrides"].kind is inspect.Parameter.VAR_KEYWORD
 
 
 def test_build_norm_passes_options_and_rejects_unknown_ones():
@@ -180,6 +185,61 @@ def test_build_norm_passes_options_and_rejects_unknown_ones():
     assert build_norm("layernorm", D, bias=False).bias is None
     with pytest.raises(TypeError):
         build_norm("dyt", D, alpha=1.0)  # a misspelt option is an error, not ignored
+
+
+def test_overrides_replace_the_options_they_name():
+    options = NormOptions(eps=1e-3, bias=False, alpha_init=0.9)
+    assert build_norm("dyt", D, options).alpha.item() == pytest.approx(0.9)
+    assert build_norm("dyt", D, options).bias is None
+    ln = build_norm("layernorm", D, options, eps=1e-6)
+    assert ln.eps == 1e-6 and ln.bias is None  # eps overridden, bias still from options
+    assert LayerNorm(D, eps=1e-6).eps == 1e-6 and DyT(D, alpha_init=0.8).alpha.item() == pytest.approx(0.8)
+    for cls in (LayerNorm, RMSNorm, RMSNormNoParam, ScaleNorm, DyT, BatchNorm, NoNorm):
+        with pytest.raises(TypeError):
+            cls(D, alpha=1.0)
+
+
+def test_norm_options_problems_name_the_config_fields():
+    assert NormOptions().problems() == []
+    assert NormOptions(eps=0.0, alpha_init=float("inf")).problems() == [
+        "norm_eps must be positive, got 0.0",
+        "dyt_alpha_init must be a positive finite number, got inf",
+    ]
+    assert NormOptions(alpha_init=-0.5).problems() == ["dyt_alpha_init must be a positive finite number, got -0.5"]
+
+
+def test_a_partial_entry_keeps_its_keywords_over_the_options(monkeypatch):
+    """A registered partial fixes its keywords: the options build_norm passes do not undo them."""
+    monkeypatch.setitem(NORMS, "layernorm_nobias", functools.partial(LayerNorm, bias=False))
+    norm = build_norm("layernorm_nobias", D, NormOptions(eps=1e-6, bias=True))
+    assert isinstance(norm, LayerNorm) and norm.bias is None and norm.eps == 1e-6
+    assert norm_class(NORMS["layernorm_nobias"]) is LayerNorm
+    assert norm_class(functools.partial(functools.partial(DyT, bias=False), alpha_init=2.0)) is DyT
+    assert qk_norm_refusal("layernorm_nobias") is None  # read from LayerNorm, not from the name
+
+
+def test_registry_entries_must_be_norms(monkeypatch):
+    for entry in (torch.nn.Identity, functools.partial(torch.nn.LayerNorm, eps=1e-6), "layernorm"):
+        with pytest.raises(TypeError, match="Norm subclass"):
+            norm_class(entry)
+    monkeypatch.setitem(NORMS, "identity", torch.nn.Identity)
+    with pytest.raises(TypeError, match="Norm subclass"):
+        build_norm("identity", D)
+
+
+def test_norm_properties_are_declared_by_the_classes():
+    """Defaults on Norm; NoNorm is the identity and BatchNorm mixes positions, and no other
+    registered class declares either."""
+    assert not Norm.is_identity and not Norm.mixes_positions
+    classes = [norm_class(entry) for entry in NORMS.values()]
+    assert [c for c in classes if c.is_identity] == [NoNorm]
+    assert [c for c in classes if c.mixes_positions] == [BatchNorm]
+    assert qk_norm_refusal("none") == "the query/key norms would be the identity"
+    assert qk_norm_refusal("batchnorm") == ("its statistics over batch and time would let queries and keys "
+                                            "see later positions")
+    assert [n for n in NORMS if qk_norm_refusal(n)] == ["batchnorm", "none"]
+    with pytest.raises(ValueError, match="unknown norm_type 'rms'"):
+        qk_norm_refusal("rms")
 
 
 # ------------------------------------------------------------------ ScaleNorm, DyT, RMSNorm without gain

@@ -14,15 +14,17 @@ from torch.testing import assert_close
 
 from babygpt.config import load_config
 from babygpt.errors import BabyGPTError
-from babygpt.model import GPT, QK_NORM_EXCLUDED, GPTConfig, KVCache
-from babygpt.norms import NORMS, DyT, NoNorm, RMSNorm
+from babygpt.model import GPT, GPTConfig, KVCache
+from babygpt.norms import NORMS, DyT, NoNorm, Norm, RMSNorm, qk_norm_refusal
 from conftest import ROOT, tiny_config
 
-QK_NORMS = [n for n in NORMS if n not in QK_NORM_EXCLUDED]
+# Which norms can serve as query/key norms is read from their classes (norms.qk_norm_refusal).
+QK_NORMS = [n for n in NORMS if qk_norm_refusal(n) is None]
+QK_REFUSED = [n for n in NORMS if qk_norm_refusal(n) is not None]
 
 
 def _is_norm(module) -> bool:
-    return isinstance(module, tuple(NORMS.values()))
+    return isinstance(module, Norm)
 
 
 # ------------------------------------------------------------------ Sandwich-LN
@@ -76,10 +78,10 @@ def test_only_sandwich_has_output_norms():
 
 
 @pytest.mark.parametrize("n_layer", [2, 8])
-def test_deepnorm_alpha(n_layer):
+def test_deepnorm_residual_scale(n_layer):
     model = GPT(tiny_config(norm_placement="deepnorm", norm_type="layernorm", n_layer=n_layer))
-    assert all(b.alpha == pytest.approx((2 * n_layer) ** 0.25) for b in model.blocks)
-    assert all(b.alpha == 1.0 for b in GPT(tiny_config(norm_placement="post", n_layer=n_layer)).blocks)
+    assert all(b.residual_scale == pytest.approx((2 * n_layer) ** 0.25) for b in model.blocks)
+    assert all(b.residual_scale == 1.0 for b in GPT(tiny_config(norm_placement="post", n_layer=n_layer)).blocks)
     assert isinstance(model.ln_f, NoNorm)  # final norm off by default, as for post
 
 
@@ -243,7 +245,7 @@ def test_dyt_model_output_follows_the_formula():
 @pytest.mark.parametrize("norm", list(NORMS))
 @pytest.mark.parametrize("placement", ["sandwich", "deepnorm"])
 def test_optimizer_no_decay_group_is_norm_params_and_biases(placement, norm):
-    qk = norm not in QK_NORM_EXCLUDED
+    qk = qk_norm_refusal(norm) is None
     model = GPT(tiny_config(norm_placement=placement, norm_type=norm, qk_norm=qk))
     opt = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3)  # asserts the groups itself
     names = {id(p): n for n, p in model.named_parameters()}
@@ -274,11 +276,11 @@ def test_param_counts_of_the_new_norms():
 # ------------------------------------------------------------------ refused combinations
 
 
-@pytest.mark.parametrize("norm", ["none", "batchnorm"])
+@pytest.mark.parametrize("norm", QK_REFUSED)
 def test_qk_norm_with_a_norm_that_cannot_serve_is_refused(norm):
     with pytest.raises(ValueError, match=f"qk_norm cannot be used with norm_type '{norm}'") as err:
         tiny_config(qk_norm=True, norm_type=norm)
-    assert QK_NORM_EXCLUDED[norm] in str(err.value)
+    assert qk_norm_refusal(norm) in str(err.value)
 
 
 @pytest.mark.parametrize("value", [0.0, -0.5, float("nan"), float("inf")])
