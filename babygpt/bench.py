@@ -1,4 +1,4 @@
-"""How fast is a configuration? ``python bench.py [CONFIG.py] [--key=value ...] [--json PATH]``.
+"""How fast is a configuration? ``python bench.py [CONFIG.py] [--key=value ...] [--json=PATH]``.
 
 Measures, for the model and batch the config describes:
   - training: tokens/s and ms per optimizer step (median of several timed windows, after
@@ -11,23 +11,33 @@ Measures, for the model and batch the config describes:
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import resource
 import statistics
 import sys
-import tempfile
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
-from .config import load_config
+from .config import TrainConfig, build_config, parse_train_args
 from .errors import BabyGPTError
+from .options import option, options_of
 from .runtime import DTYPES, autocast
 
-BENCH_FLAGS = {"--json": None, "--windows": 5, "--window_iters": 10, "--sample_tokens": 500}
+USAGE = "python bench.py [CONFIG.py] [--key=value ...] [--json=PATH] [--windows=N] [--window_iters=N]"
+
+
+@dataclass
+class BenchOptions:
+    """bench.py's own options; every other --key=value is a training config key."""
+
+    json: Optional[str] = option(None, "also write the figures to this JSON file")
+    windows: int = option(5, "timed windows (the median is reported)")
+    window_iters: int = option(10, "optimizer steps per timed window")
+    sample_tokens: int = option(500, "new tokens in the sampling benchmark")
 
 
 def sync(device: torch.device) -> None:
@@ -54,14 +64,15 @@ def matmul_peak(device: torch.device, dtype: str, n: int = 2048, repeats: int = 
 def flops_per_token(model) -> float:
     """Training FLOPs per token: 6 per parameter (forward 2, backward 4) for the matmuls, plus
     attention's scores and weighted sum, 12 * n_layer * n_embd * T (Kaplan et al. 2020, sec. 2.1)."""
-    cfg = model.config
+    cfg = model.config  # a GPTConfig
     n_params = model.num_params() - model.pos_emb.weight.numel()  # lookups are not matmuls
     return 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
-def bench_training(trainer, windows: int, window_iters: int) -> dict:
+def time_steps(trainer, windows: int, window_iters: int) -> dict:
+    """ms per optimizer step and tokens/s of ``trainer.step`` (the exact step train.py runs):
+    the median over ``windows`` timed windows of ``window_iters`` steps, after 3 warm-up steps."""
     cfg, device = trainer.cfg, trainer.device
-    trainer.forward_model.train()
     for _ in range(3):  # warm-up: allocator, compile, caches
         trainer.step(cfg.learning_rate)
     sync(device)
@@ -76,9 +87,19 @@ def bench_training(trainer, windows: int, window_iters: int) -> dict:
         sync(device)
         times.append((time.perf_counter() - t) / window_iters)
     step = statistics.median(times)
-    tokens = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps
+    tokens = cfg.batch_size * cfg.model.block_size * cfg.gradient_accumulation_steps
     return {"ms_per_iter": 1e3 * step, "tokens_per_s": tokens / step,
             "ms_per_iter_windows": [round(1e3 * t, 3) for t in times]}
+
+
+def time_training(cfg: TrainConfig, windows: int = 5, window_iters: int = 10):
+    """Build the run ``cfg`` describes in memory (nothing is written: out_dir is not used) and
+    time its training step; returns (figures, the Trainer)."""
+    from .trainer import Trainer
+
+    trainer = Trainer(cfg)
+    trainer.net.train()
+    return time_steps(trainer, windows, window_iters), trainer
 
 
 def bench_sampling(model, device: torch.device, dtype: str, new_tokens: int, use_cache: bool) -> float:
@@ -95,37 +116,27 @@ def bench_sampling(model, device: torch.device, dtype: str, new_tokens: int, use
     return new_tokens / (time.perf_counter() - t)
 
 
-def run_bench(argv: list[str]) -> tuple[dict, str | None]:
-    from .trainer import Trainer
+def read_args(argv: list[str]) -> tuple[TrainConfig, BenchOptions]:
+    """The training config and bench.py's own options, every problem reported together."""
+    values, extra, problems = parse_train_args(argv, options_of(BenchOptions), USAGE)
+    cfg, more = build_config(values)
+    opts = BenchOptions(**extra)
+    if min(opts.windows, opts.window_iters, opts.sample_tokens) <= 0:
+        problems.append("--windows, --window_iters and --sample_tokens must be positive")
+    if problems + more:
+        raise BabyGPTError(*problems, *more)
+    return cfg, opts
 
-    opts, rest = dict(BENCH_FLAGS), []
-    for arg in argv:
-        key, eq, value = arg.partition("=")
-        if key in BENCH_FLAGS:
-            if not eq:
-                raise BabyGPTError(f"malformed argument '{arg}'; write {key}=VALUE")
-            opts[key] = value
-        else:
-            rest.append(arg)
-    try:
-        windows, window_iters, sample_tokens = (int(opts[k]) for k in ("--windows", "--window_iters",
-                                                                      "--sample_tokens"))
-    except ValueError:
-        raise BabyGPTError("--windows, --window_iters and --sample_tokens take integers") from None
-    if min(windows, window_iters, sample_tokens) <= 0:
-        raise BabyGPTError("--windows, --window_iters and --sample_tokens must be positive")
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config([*rest, f"--out_dir={tmp}/run", "--init_from=scratch"])
-        with contextlib.redirect_stdout(io.StringIO()):  # the run's start line; the table says the same
-            trainer = Trainer(cfg, argv)
-        cfg = trainer.cfg  # with dtype=auto resolved
-        device, model = trainer.device, trainer.model
-        train = bench_training(trainer, windows, window_iters)
+
+def run_bench(cfg: TrainConfig, opts: BenchOptions) -> dict:
+    train, trainer = time_training(cfg, opts.windows, opts.window_iters)
+    cfg, device, model = trainer.cfg, trainer.device, trainer.model  # cfg with dtype=auto resolved
     peak = matmul_peak(device, cfg.dtype)
     fpt = flops_per_token(model)
+    keys = ("n_layer", "n_head", "n_embd", "block_size", "norm_type", "norm_placement")
     result = {
-        "config": {k: getattr(cfg, k) for k in ("n_layer", "n_head", "n_embd", "block_size", "batch_size",
-                                                "norm_type", "norm_placement", "dtype", "compile")},
+        "config": {**{k: getattr(cfg.model, k) for k in keys}, "batch_size": cfg.batch_size,
+                   "dtype": cfg.dtype, "compile": cfg.compile},
         "device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
         "params": model.num_params(),
         **train,
@@ -134,12 +145,12 @@ def run_bench(argv: list[str]) -> tuple[dict, str | None]:
         "mfu": fpt * train["tokens_per_s"] / peak,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "cuda_max_allocated_mb": torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None,
-        "sample_tokens": sample_tokens,
-        "sample_tokens_per_s_cached": bench_sampling(model, device, cfg.dtype, sample_tokens, True),
-        "sample_tokens_per_s_uncached": bench_sampling(model, device, cfg.dtype, sample_tokens, False),
+        "sample_tokens": opts.sample_tokens,
+        "sample_tokens_per_s_cached": bench_sampling(model, device, cfg.dtype, opts.sample_tokens, True),
+        "sample_tokens_per_s_uncached": bench_sampling(model, device, cfg.dtype, opts.sample_tokens, False),
     }
     result["kv_cache_speedup"] = result["sample_tokens_per_s_cached"] / result["sample_tokens_per_s_uncached"]
-    return result, opts["--json"]
+    return result
 
 
 def format_table(r: dict) -> str:
@@ -168,17 +179,13 @@ def format_table(r: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if "-h" in argv or "--help" in argv:
-        print(__doc__.strip())
-        print("\nbench flags: --json=PATH, --windows=N (5), --window_iters=N (10), --sample_tokens=N (500);"
-              "\nevery other --key=value is a training config key (python train.py --help).")
-        return 0
-    result, json_path = run_bench(argv)
+    cfg, opts = read_args(argv)
+    result = run_bench(cfg, opts)
     print(format_table(result))
-    if json_path:
-        with open(json_path, "w", encoding="utf-8") as f:
+    if opts.json:
+        with open(opts.json, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=2)
-        print(f"wrote {json_path}")
+        print(f"wrote {opts.json}")
     return 0 if math.isfinite(result["tokens_per_s"]) else 1
 
 

@@ -1,11 +1,18 @@
 """Checkpoints: plain dicts of tensors and Python scalars, written atomically,
-read back with ``weights_only=True`` so that a file from elsewhere cannot run code."""
+read back with ``weights_only=True`` so that a file from elsewhere cannot run code.
+
+Also what an exact resume needs besides the weights: the random number generators'
+states, and the check that a checkpoint fits the run that wants to continue it.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
+import random
 
+import numpy as np
 import torch
 
 from .errors import BabyGPTError
@@ -42,3 +49,87 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise BabyGPTError(f"'{path}' is not a BabyGPT checkpoint (no '{FORMAT}' marker)")
     return state
+
+
+# ---------------------------------------------------------------- random number generators
+
+def capture_rng(device: torch.device) -> dict:
+    """The state of every generator a training step draws from (dropout, Python, NumPy)."""
+    kind, keys, *rest = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": [kind, keys.tolist(), *rest],
+        "torch": torch.get_rng_state(),
+        # This process's GPU only: asking for every GPU's state would open a context on each.
+        "cuda": [torch.cuda.get_rng_state(device)] if device.type == "cuda" else [],
+        # On Apple GPUs dropout masks come from the MPS generator, which torch's CPU state does not cover.
+        "mps": [torch.mps.get_rng_state()] if device.type == "mps" else [],
+    }
+
+
+def restore_rng(state: dict, device: torch.device) -> None:
+    random.setstate(state["python"])
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"][0], device)
+    if state.get("mps") and device.type == "mps":  # absent from checkpoints written before it was saved
+        torch.mps.set_rng_state(state["mps"][0])
+
+
+# ---------------------------------------------------------------- a training run's checkpoint
+
+def pack_training_state(model, optimizer, scaler, state, dist, device: torch.device, **extra) -> dict:
+    """Everything a resume needs, as plain data: weights, optimizer and scaler state, the
+    TrainState, and ``extra`` (config, vocabulary). Under DDP a collective: every rank's sampler
+    and RNG state are gathered so that each rank resumes exactly where it stopped."""
+    rank_state = state.rank_state(device)
+    return {
+        "model": model.state_dict(),  # the uncompiled module: no _orig_mod. prefixes
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict(),
+        **state.state_dict(),
+        **rank_state,  # rank 0's (the whole state of a single-process run)
+        "world_size": dist.world_size,
+        "ranks": dist.gather(rank_state) if dist.enabled else [],
+        **extra,
+    }
+
+
+def unpack_training_state(ckpt: dict, path: str, model, optimizer, scaler, state, dist) -> None:
+    """Load what ``pack_training_state`` wrote into the run's objects (the RNG states are kept in
+    ``state.pending_rng``, applied when training starts)."""
+    try:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        if ckpt["scaler"]:  # empty when the checkpointed run did not use float16
+            scaler.load_state_dict(ckpt["scaler"])
+        state.load_state_dict(ckpt)
+        state.load_rank_state(ckpt["ranks"][dist.rank] if dist.enabled else ckpt)
+    except (KeyError, IndexError, RuntimeError, TypeError, ValueError) as e:
+        raise BabyGPTError(f"{path} is damaged or from an incompatible version "
+                           f"({type(e).__name__}); start a new --out_dir") from None
+
+
+# ---------------------------------------------------------------- resuming
+
+def check_resumable(ckpt: dict, model_cfg, vocab: list[str], world_size: int, path: str) -> None:
+    """Refuse a checkpoint whose architecture, vocabulary or number of processes differs from
+    the run that wants to continue it. ``model_cfg`` is the run's GPTConfig."""
+    # A field added to GPTConfig after the checkpoint was written has its default there.
+    defaults = {f.name: f.default for f in dataclasses.fields(model_cfg)}
+    saved = {**defaults, **ckpt.get("model_config", {})}
+    diffs = [f"{k}={saved.get(k)!r} there, {getattr(model_cfg, k)!r} here"
+             for k in defaults if saved.get(k) != getattr(model_cfg, k)]
+    if diffs:
+        raise BabyGPTError(f"{path} was trained with a different architecture ({'; '.join(diffs)}); "
+                           f"resume with the run's own config, or start a new --out_dir")
+    if ckpt.get("vocab") != vocab:
+        raise BabyGPTError(f"{path} was trained on a different vocabulary than the {len(vocab)} characters "
+                           f"in this data_dir; point --data_dir at the run's data")
+    saved_world = ckpt.get("world_size", 1)
+    if saved_world != world_size:
+        raise BabyGPTError(f"{path} was written by {saved_world} process(es), this run has "
+                           f"{world_size}; resume with the same number (torchrun "
+                           f"--nproc_per_node), or start a new --out_dir")

@@ -7,7 +7,6 @@ Exit codes: 0 done, 2 bad input, 3 diverged, 130 SIGINT, 143 SIGTERM (1 is a bug
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import signal
@@ -15,6 +14,7 @@ import sys
 import traceback
 
 from .errors import BabyGPTError
+from .options import ShowHelp
 
 # Exit codes of train.py (sample.py uses 0 and 2 only).
 EXIT_USAGE = 2  # a mistake in the input: nothing ran, nothing on disk changed
@@ -27,6 +27,9 @@ def run(main, argv: list[str]) -> int:
     argv = [a for a in argv if a != "--debug"]
     try:
         return main(argv) or 0
+    except ShowHelp as h:
+        print(h.text)
+        return 0
     except BabyGPTError as e:
         if debug:
             traceback.print_exc()
@@ -45,12 +48,9 @@ def run(main, argv: list[str]) -> int:
 
 
 def train_main(argv: list[str]) -> int:
-    from .config import help_text, load_config
+    from .config import load_config
     from .trainer import train
 
-    if "-h" in argv or "--help" in argv:
-        print(help_text())
-        return 0
     cfg = load_config(argv)
     summary = train(cfg, argv)
     status, out = summary["status"], cfg.out_dir
@@ -73,46 +73,22 @@ def train_main(argv: list[str]) -> int:
     return 0
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage mistake is a single 'error:' line like every other user error."""
-
-    def __init__(self, **kwargs):
-        super().__init__(allow_abbrev=False, **kwargs)  # --temp must not silently mean --temperature
-
-    def error(self, message):
-        raise BabyGPTError(f"{message}; see python {self.prog} --help")
-
-
 def sample_main(argv: list[str]) -> int:
     from .sampling import sample_cli
 
-    p = OneLineParser(prog="sample.py", description="Sample text from a BabyGPT checkpoint.")
-    p.add_argument("--ckpt", required=True, help="checkpoint path, e.g. out/prenorm_rms/best.pt")
-    p.add_argument("--start", default="\n", help="prompt text, or FILE:path to read it from a file")
-    p.add_argument("--num_samples", type=int, default=3, help="how many samples")
-    p.add_argument("--max_new_tokens", type=int, default=500, help="characters per sample")
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; <1 sharper, >1 flatter")
-    p.add_argument("--top_k", type=int, default=None, help="sample only among the k likeliest characters")
-    p.add_argument("--seed", type=int, default=1337, help="random seed")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
-    p.add_argument("--no_kv_cache", action="store_true",
-                   help="recompute the whole context at every step (slower; the same text)")
-    p.add_argument("--debug", action="store_true", help="show a traceback on errors")
-    return sample_cli(p.parse_args(argv))
+    return sample_cli(argv)
 
 
 def prepare_main(argv: list[str], data_dir: str) -> int:
-    from .data import prepare
+    from .data import PrepareOptions, prepare
+    from .options import parse_into
 
-    p = OneLineParser(prog="prepare.py", description="Write train.bin, val.bin and meta.json.")
-    p.add_argument("--input", default=None, help="a UTF-8 text file to use instead of TinyShakespeare")
-    p.add_argument("--data_dir", default=data_dir,
-                   help="where to write the files (default: %(default)s); train with --data_dir=DIR")
-    p.add_argument("--debug", action="store_true", help="show a traceback on errors")
-    args = p.parse_args(argv)
-    meta = prepare(args.data_dir, args.input)
+    args = parse_into(PrepareOptions, argv, "python data/shakespeare_char/prepare.py [--input FILE] [--data_dir DIR]",
+                      "Write train.bin, val.bin and meta.json.")
+    data_dir = args.data_dir or data_dir
+    meta = prepare(data_dir, args.input)
     print(f"vocab {meta['vocab_size']}, {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens "
-          f"written to {args.data_dir}")
+          f"written to {data_dir}")
     return 0
 
 

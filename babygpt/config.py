@@ -1,36 +1,34 @@
 """TrainConfig: every training knob in one typed dataclass, and how it is read.
 
-Precedence: dataclass defaults < config file < ``--key=value`` on the command line.
+The model's fields are declared once, in ``model.GPTConfig``; a TrainConfig holds one as
+``cfg.model``. On the command line and in config files both are set by their plain names
+(``--n_layer=6``, ``learning_rate = 1e-3``): ``FIELDS`` lists every such key.
+
+Precedence: dataclass defaults < config file < ``--key=value`` (or ``--key value``) on the
+command line, read by ``babygpt.options`` like every other BabyGPT command.
 
 A config file is plain Python run in a private namespace; every top-level name
-it binds must be a TrainConfig field. Names starting with ``_`` and imported
-modules are ignored, so ``import math`` or ``_width = 256`` are fine helpers.
-Values are converted by the field's type, and every problem found (unknown
-keys, bad values, contradictions between fields) is reported in one go.
+it binds must be a key. Names starting with ``_`` and imported modules are ignored,
+so ``import math`` or ``_width = 256`` are fine helpers. Every problem found (unknown
+keys, bad values, contradictions between fields) is reported in one BabyGPTError.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
 import os
 import types
-import typing
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from .errors import BabyGPTError, unknown_choice
-from .model import PLACEMENTS, GPTConfig, model_config_problems
-from .norms import NORMS
+from .errors import BabyGPTError
+from .model import GPTConfig
+from .options import Option, convert as convert_value, format_help, options_of, parse, unknown_name
 from .runtime import check_dtype, resolve_device, resolve_dtype
 
 
 def _opt(default, help: str):
     return field(default=default, metadata={"help": help})
-
-
-_M = GPTConfig  # model-field defaults live in GPTConfig, the model's own contract
 
 
 @dataclass
@@ -46,21 +44,9 @@ class TrainConfig:
     seed: int = _opt(1337, "seed for init, batches and dropout")
     # data
     batch_size: int = _opt(32, "sequences per micro-step")
-    block_size: int = _opt(_M.block_size, "context length in characters")
     gradient_accumulation_steps: int = _opt(1, "micro-steps per optimizer step")
-    # model
-    n_layer: int = _opt(_M.n_layer, "number of transformer blocks")
-    n_head: int = _opt(_M.n_head, "attention heads per block (must divide n_embd)")
-    n_embd: int = _opt(_M.n_embd, "model width")
-    dropout: float = _opt(_M.dropout, "dropout probability")
-    bias: bool = _opt(_M.bias, "biases in Linear layers, and beta in LayerNorm, DyT and BatchNorm")
-    norm_type: str = _opt(_M.norm_type, "one of: " + ", ".join(NORMS))
-    norm_placement: str = _opt(_M.norm_placement, "one of: " + ", ".join(PLACEMENTS))
-    norm_eps: float = _opt(_M.norm_eps, "epsilon inside every norm")
-    final_norm: Optional[bool] = _opt(
-        _M.final_norm, "norm before the LM head; none = on for pre/sandwich, off for post/deepnorm")
-    qk_norm: bool = _opt(_M.qk_norm, "normalize queries and keys per head with norm_type before attention")
-    dyt_alpha_init: float = _opt(_M.dyt_alpha_init, "initial alpha of norm_type dyt: y = gamma*tanh(alpha*x)+beta")
+    # the model: GPTConfig's fields, set by their own names
+    model: GPTConfig = field(default_factory=GPTConfig)
     # optimization
     learning_rate: float = _opt(2e-3, "peak learning rate (AdamW)")
     weight_decay: float = _opt(0.1, "AdamW weight decay on matrices (never on norm gains or biases)")
@@ -81,93 +67,56 @@ class TrainConfig:
     nonfinite: Literal["stop", "skip"] = _opt(
         "stop", "on a non-finite loss: stop the run (status diverged), or skip that step and go on")
 
+    def __post_init__(self):
+        problems = self.problems()
+        if problems:
+            raise BabyGPTError(*problems)
+
+    def problems(self) -> list[str]:
+        """Problems with the training fields (the model's are GPTConfig's own)."""
+        problems = []
+        for name in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be a positive integer, got {getattr(self, name)}")
+        for name in ("max_iters", "warmup_iters", "diag_interval"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.lr_decay_iters is not None and self.lr_decay_iters < self.warmup_iters:
+            problems.append(f"lr_decay_iters ({self.lr_decay_iters}) must be >= warmup_iters ({self.warmup_iters})")
+        if not self.learning_rate > 0:
+            problems.append(f"learning_rate must be positive, got {self.learning_rate}")
+        if not 0 <= self.min_lr <= self.learning_rate:
+            problems.append(f"min_lr ({self.min_lr}) must be between 0 and learning_rate ({self.learning_rate})")
+        if not 0 <= self.seed < 2**32:
+            problems.append(f"seed must be in [0, 2**32), got {self.seed}")
+        for name in ("weight_decay", "grad_clip"):
+            if not getattr(self, name) >= 0:
+                problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                problems.append(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        return problems
+
     def model_config(self, vocab_size: int) -> GPTConfig:
-        names = [f.name for f in dataclasses.fields(GPTConfig) if f.name != "vocab_size"]
-        return GPTConfig(vocab_size=vocab_size, **{n: getattr(self, n) for n in names})
+        """The model to build for a vocabulary of ``vocab_size`` (which the data decides)."""
+        return dataclasses.replace(self.model, vocab_size=vocab_size)
 
     @property
     def decay_iters(self) -> int:
         return self.max_iters if self.lr_decay_iters is None else self.lr_decay_iters
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
-TYPES = typing.get_type_hints(TrainConfig)
-
-
-# ---------------------------------------------------------------- value parsing
-
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
-
-
-def _describe(tp) -> str:
-    if typing.get_origin(tp) is Literal:
-        return "|".join(typing.get_args(tp))
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _describe(inner[0]) + "|none"
-    return tp.__name__
+TRAIN_FIELDS = options_of(TrainConfig, exclude=("model",))
+MODEL_FIELDS = options_of(GPTConfig, exclude=("vocab_size",))  # the vocabulary comes from the data
+FIELDS: dict[str, Option] = {**TRAIN_FIELDS, **MODEL_FIELDS}  # every key of a config file or --key=value
+CONFIG_FILE = Option("config", Optional[str], None, "a config file (Python) applied before --key=value",
+                     positional=True, metavar="CONFIG.py")
+USAGE = "python train.py [CONFIG.py] [--key=value ...] [--debug]"
 
 
 def convert(name: str, value, from_cli: bool):
-    """Convert ``value`` (a string from the CLI, or a Python value from a config
-    file) to the type of field ``name``. Raises ValueError with a message."""
-    tp = TYPES[name]
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):  # Optional[X]
-        if value is None or (from_cli and str(value).lower() in ("none", "null")):
-            return None
-        tp = next(a for a in typing.get_args(tp) if a is not type(None))
-        origin = typing.get_origin(tp)
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        if value not in choices:
-            raise ValueError(unknown_choice(name, value, choices))
-        return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if from_cli and value.lower() in _TRUE | _FALSE:
-            return value.lower() in _TRUE
-        raise ValueError(f"{name} must be true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ValueError(f"{name} must be an integer, got {value!r}")
-        if from_cli:
-            try:
-                return int(value)
-            except ValueError:
-                try:
-                    value = float(value)
-                except ValueError:
-                    raise ValueError(f"{name} must be an integer, got {value!r}") from None
-        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-            return int(value)  # 1e3 is a fine way to write 1000
-        if isinstance(value, int):
-            return value
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, bool):
-            raise ValueError(f"{name} must be a number, got {value!r}")
-        if from_cli:
-            try:
-                return float(value)
-            except ValueError:
-                raise ValueError(f"{name} must be a number, got {value!r}") from None
-        if isinstance(value, (int, float)):
-            return float(value)
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ValueError(f"{name} must be a string, got {value!r}")
-    raise TypeError(f"no parser for field {name} of type {tp}")  # a bug in TrainConfig, not user input
-
-
-def _unknown_key(name: str) -> str:
-    close = difflib.get_close_matches(name, FIELDS, n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else "; see --help for the list"
-    return f"unknown config key '{name}'{hint}"
+    """``value`` converted to the type of key ``name``; ValueError with a message if it cannot be."""
+    return convert_value(name, FIELDS[name].type, value, from_cli)
 
 
 # ---------------------------------------------------------------- config files and argv
@@ -191,85 +140,66 @@ def read_config_file(path: str) -> dict:
             if not k.startswith("_") and not isinstance(v, types.ModuleType)}
 
 
-def split_argv(argv: list[str]) -> tuple[str | None, list[tuple[str, str]], list[str]]:
-    """Split argv into (config file or None, [(key, value)], problems)."""
-    config_path, pairs, problems = None, [], []
-    for arg in argv:
-        if arg.startswith("--"):
-            key, eq, value = arg[2:].partition("=")
-            if not eq or not key:
-                problems.append(f"malformed argument '{arg}'; write --key=value (e.g. --max_iters=2000)")
-            else:
-                pairs.append((key, value))
-        elif arg.startswith("-") or config_path is not None:
-            problems.append(f"unexpected argument '{arg}'; usage: train.py [CONFIG.py] [--key=value ...]")
-        else:
-            config_path = arg
-    return config_path, pairs, problems
+def _file_values(path: str) -> tuple[dict, list[str]]:
+    """The keys a config file sets, converted, and the problems found in it."""
+    try:
+        raw = read_config_file(path)
+    except BabyGPTError as e:
+        return {}, e.problems
+    values, problems = {}, []
+    for key, value in raw.items():
+        if key not in FIELDS:
+            problems.append(f"{unknown_name(key, FIELDS, 'config key', '')} in {path}")
+            continue
+        try:
+            values[key] = convert(key, value, from_cli=False)
+        except ValueError as e:
+            problems.append(f"{e} (in {path})")
+    return values, problems
+
+
+def parse_train_args(argv: list[str], extra: dict[str, Option] | None = None,
+                     usage: str = USAGE) -> tuple[dict, dict, list[str]]:
+    """Read ``[CONFIG.py] [--key=value ...]`` (plus ``extra`` options, e.g. bench.py's own):
+    (config key values with the file's applied first, extra values, problems)."""
+    options = {"config": CONFIG_FILE, **FIELDS, **(extra or {})}
+    values, problems = parse(argv, options, usage, kind="config key", dashes="", help_text=help_text(extra, usage))
+    path = values.pop("config", None)
+    file_values, file_problems = _file_values(path) if path is not None else ({}, [])
+    keys = {k: v for k, v in values.items() if k in FIELDS}
+    return {**file_values, **keys}, {k: v for k, v in values.items() if k not in FIELDS}, file_problems + problems
+
+
+def build_config(values: dict) -> tuple[TrainConfig, list[str]]:
+    """A TrainConfig from flat key values, and every problem with it: the model's (GPTConfig's
+    checks), the training fields' (TrainConfig's), and what this machine cannot run. Keys with
+    problems keep their defaults in the returned config."""
+    problems = []
+    try:
+        model = GPTConfig(**{k: v for k, v in values.items() if k in MODEL_FIELDS})
+    except BabyGPTError as e:
+        problems += e.problems
+        model = GPTConfig()
+    try:
+        cfg = TrainConfig(model=model, **{k: v for k, v in values.items() if k in TRAIN_FIELDS})
+    except BabyGPTError as e:
+        problems += e.problems
+        cfg = TrainConfig(model=model)
+    try:
+        check_dtype(resolve_device(cfg.device), cfg.dtype)
+    except BabyGPTError as e:
+        problems += e.problems
+    return cfg, problems
 
 
 def load_config(argv: list[str]) -> TrainConfig:
     """Build a TrainConfig from ``[CONFIG.py] [--key=value ...]``; raise BabyGPTError
     listing every problem found."""
-    config_path, pairs, problems = split_argv(argv)
-    values: dict = {}
-    file_values = {}
-    if config_path is not None:
-        try:
-            file_values = read_config_file(config_path)
-        except BabyGPTError as e:
-            problems += e.problems
-    for key, value in file_values.items():
-        if key not in FIELDS:
-            problems.append(f"{_unknown_key(key)} in {config_path}")
-            continue
-        try:
-            values[key] = convert(key, value, from_cli=False)
-        except ValueError as e:
-            problems.append(f"{e} (in {config_path})")
-    for key, value in pairs:
-        if key not in FIELDS:
-            problems.append(_unknown_key(key))
-            continue
-        try:
-            values[key] = convert(key, value, from_cli=True)
-        except ValueError as e:
-            problems.append(str(e))
-    cfg = TrainConfig(**values)  # keys that failed to parse keep their defaults here
-    problems += config_problems(cfg)
-    if problems:
-        raise BabyGPTError(*problems)
+    values, _, problems = parse_train_args(argv)
+    cfg, more = build_config(values)
+    if problems + more:
+        raise BabyGPTError(*problems, *more)
     return cfg
-
-
-def config_problems(cfg: TrainConfig) -> list[str]:
-    """Problems with values that parsed but do not make sense, alone or together."""
-    problems = model_config_problems(cfg)
-    for name in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
-        if getattr(cfg, name) <= 0:
-            problems.append(f"{name} must be a positive integer, got {getattr(cfg, name)}")
-    for name in ("max_iters", "warmup_iters", "diag_interval"):
-        if getattr(cfg, name) < 0:
-            problems.append(f"{name} must be >= 0, got {getattr(cfg, name)}")
-    if cfg.lr_decay_iters is not None and cfg.lr_decay_iters < cfg.warmup_iters:
-        problems.append(f"lr_decay_iters ({cfg.lr_decay_iters}) must be >= warmup_iters ({cfg.warmup_iters})")
-    if not cfg.learning_rate > 0:
-        problems.append(f"learning_rate must be positive, got {cfg.learning_rate}")
-    if not 0 <= cfg.min_lr <= cfg.learning_rate:
-        problems.append(f"min_lr ({cfg.min_lr}) must be between 0 and learning_rate ({cfg.learning_rate})")
-    if not 0 <= cfg.seed < 2**32:
-        problems.append(f"seed must be in [0, 2**32), got {cfg.seed}")
-    for name in ("weight_decay", "grad_clip"):
-        if not getattr(cfg, name) >= 0:
-            problems.append(f"{name} must be >= 0, got {getattr(cfg, name)}")
-    for name in ("beta1", "beta2"):
-        if not 0 <= getattr(cfg, name) < 1:
-            problems.append(f"{name} must be in [0, 1), got {getattr(cfg, name)}")
-    try:  # what this machine can run
-        check_dtype(resolve_device(cfg.device), cfg.dtype)
-    except BabyGPTError as e:
-        problems += e.problems
-    return problems
 
 
 def with_resolved_dtype(cfg: TrainConfig) -> TrainConfig:
@@ -280,20 +210,19 @@ def with_resolved_dtype(cfg: TrainConfig) -> TrainConfig:
 
 
 def to_dict(cfg: TrainConfig) -> dict:
-    return dataclasses.asdict(cfg)
+    """Every key with its value, flat (the model's fields beside the training ones): config.json's form."""
+    return {**{k: getattr(cfg, k) for k in TRAIN_FIELDS}, **{k: getattr(cfg.model, k) for k in MODEL_FIELDS}}
 
 
 def from_dict(values: dict) -> TrainConfig:
     """Rebuild a TrainConfig saved by ``to_dict`` (keys this version does not know are dropped)."""
-    return TrainConfig(**{k: v for k, v in values.items() if k in FIELDS})
+    model = GPTConfig(**{k: v for k, v in values.items() if k in MODEL_FIELDS})
+    return TrainConfig(model=model, **{k: v for k, v in values.items() if k in TRAIN_FIELDS})
 
 
-def help_text() -> str:
-    lines = ["usage: python train.py [CONFIG.py] [--key=value ...] [--debug]", "",
-             "Defaults < CONFIG.py < --key=value. Keys (type, default, meaning):"]
-    for name, f in FIELDS.items():
-        default = "none" if f.default is None else str(f.default).lower() if isinstance(f.default, bool) \
-            else f.default
-        lines.append(f"  --{name:<28} {_describe(TYPES[name]):<24} {str(default):<22} {f.metadata['help']}")
-    lines.append("  --debug                      show a traceback on errors")
-    return "\n".join(lines)
+def help_text(extra: dict[str, Option] | None = None, usage: str = USAGE) -> str:
+    sections = {"positional": {"config": CONFIG_FILE}, "training": TRAIN_FIELDS, "model": MODEL_FIELDS}
+    if extra:
+        sections["this command"] = extra
+    return format_help(usage, FIELDS, "Defaults < CONFIG.py < --key=value. Keys (type, default, meaning):",
+                       sections)

@@ -12,12 +12,15 @@ import hashlib
 import json
 import os
 import urllib.request
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
 
 from .errors import BabyGPTError
 from .files import write_atomic
+from .options import option
 
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TINYSHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -99,6 +102,15 @@ def read_corpus(data_dir: str, input_path: str | None = None) -> str:
         raise BabyGPTError(f"{input_path} is not UTF-8 text (bad byte at offset {e.start}); "
                            f"convert it to UTF-8") from None
     return text
+
+
+@dataclass
+class PrepareOptions:
+    """data/shakespeare_char/prepare.py's command line."""
+
+    input: Optional[str] = option(None, "a UTF-8 text file to use instead of TinyShakespeare")
+    data_dir: Optional[str] = option(None, "where to write the files (none = next to prepare.py); "
+                                           "train with --data_dir=DIR")
 
 
 def prepare(data_dir: str, input_path: str | None = None) -> dict:

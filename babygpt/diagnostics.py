@@ -26,14 +26,34 @@ import torch.nn as nn
 KEYS = ("resid_rms", "grad_norm", "update_ratio")
 
 
+class StepHook:
+    """What an optimizer step tells an observer, in the order it happens (Trainer.step calls
+    each once per step); this base class ignores it all, so an unobserved step costs nothing."""
+
+    def after_backward(self, idx: torch.Tensor) -> None:
+        """Gradients are accumulated; ``idx`` (B, T) is the step's last micro-batch."""
+
+    def after_unscale(self) -> None:
+        """Gradients are the true ones (a float16 loss scale divided out), before clipping."""
+
+    def before_update(self) -> None:
+        """The step will be taken (it was not skipped); the weights are still the old ones."""
+
+    def after_update(self) -> None:
+        """The optimizer has updated the weights."""
+
+
+NO_HOOK = StepHook()
+
+
 def _flat_norm(tensors) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.float()) for t in tensors]))
 
 
-class LayerDiagnostics:
-    """Measures one optimizer step of ``model`` (a GPT); use in the order the step runs:
-    ``stream(x)`` before or after backward, ``grads()`` after backward (and un-scaling),
-    ``before_update()`` just before ``optimizer.step()``, then ``row(iter)``."""
+class LayerDiagnostics(StepHook):
+    """Measures one optimizer step of ``model`` (a GPT); a StepHook, so the trainer calls, in order:
+    ``stream(x)`` after backward, ``grads()`` after un-scaling, ``before_update()`` just before
+    ``optimizer.step()``, ``after_update()``; then ``row(iter)`` gives the metrics row."""
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -77,6 +97,10 @@ class LayerDiagnostics:
             ratios.append(_flat_norm([n - o for n, o in zip(new, old)]) / _flat_norm(old).clamp_min(1e-12))
         self.values["update_ratio"] = torch.stack(ratios).tolist()
         del self._old
+
+    # The StepHook moments, in the order a step reaches them.
+    after_backward = stream
+    after_unscale = grads
 
     def row(self, it: int) -> dict:
         """The metrics row of this step: {"iter": it, "resid_rms": [...], ...}, one value per block

@@ -14,8 +14,11 @@ import json
 import math
 import os
 import sys
+from dataclasses import dataclass
+from typing import Optional
 
 from .errors import BabyGPTError
+from .options import option, parse_into
 
 
 def load_run(run_dir: str) -> dict:
@@ -150,17 +153,22 @@ def save(fig, path: str) -> str:
     return path
 
 
-def main(argv: list[str]) -> int:
-    from .cli import OneLineParser
+@dataclass
+class PlotOptions:
+    """python -m babygpt.plot's command line."""
 
-    p = OneLineParser(prog="python -m babygpt.plot", description="Overlay the loss curves of runs.")
-    p.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
-    p.add_argument("--out", default="runs.png", help="image to write (default: runs.png)")
-    p.add_argument("--no_train", action="store_true", help="only the eval val loss")
-    p.add_argument("--diag", action="store_true", help="per-layer diagnostics of one run (diag_interval > 0)")
-    p.add_argument("--at", default=None, help="with --diag: iterations for the per-layer profiles, e.g. 100,500")
-    p.add_argument("--debug", action="store_true", help="show a traceback on errors")
-    args = p.parse_args(argv)
+    runs: list[str] = option([], "run directories (each with metrics.jsonl)", positional=True, metavar="RUN_DIR...")
+    out: str = option("runs.png", "image to write")
+    no_train: bool = option(False, "only the eval val loss")
+    diag: bool = option(False, "per-layer diagnostics of one run (diag_interval > 0)")
+    at: Optional[str] = option(None, "with --diag: iterations for the per-layer profiles, e.g. 100,500")
+
+
+def main(argv: list[str]) -> int:
+    args = parse_into(PlotOptions, argv, "python -m babygpt.plot RUN_DIR... [--out FILE] [--diag [--at 100,500]]",
+                      "Overlay the loss curves of runs, or draw one run's per-layer diagnostics.")
+    if not args.runs:
+        raise BabyGPTError("no run directory given; usage: python -m babygpt.plot RUN_DIR... [--out FILE]")
     runs = [load_run(d) for d in args.runs]
     if args.diag:
         if len(runs) != 1:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -11,7 +13,25 @@ from .checkpoint import load_checkpoint
 from .data import CharTokenizer
 from .errors import BabyGPTError
 from .model import GPT, GPTConfig
+from .options import option, parse_into
 from .runtime import resolve_device
+
+USAGE = "python sample.py --ckpt PATH [--start TEXT|FILE:path] [--key value ...] [--debug]"
+
+
+@dataclass
+class SampleOptions:
+    """sample.py's command line."""
+
+    ckpt: str = option(help="checkpoint path, e.g. out/prenorm_rms/best.pt")
+    start: str = option("\n", "prompt text, or FILE:path to read it from a file")
+    num_samples: int = option(3, "how many samples")
+    max_new_tokens: int = option(500, "characters per sample")
+    temperature: float = option(0.8, "0 = greedy; <1 sharper, >1 flatter")
+    top_k: Optional[int] = option(None, "sample only among the k likeliest characters")
+    seed: int = option(1337, "random seed")
+    device: str = option("auto", "auto, cpu, cuda or mps")
+    no_kv_cache: bool = option(False, "recompute the whole context at every step (slower; the same text)")
 
 
 def load_model(path: str, device: torch.device) -> tuple[GPT, CharTokenizer]:
@@ -31,15 +51,17 @@ def read_prompt(start: str) -> str:
     """``--start`` text, or the contents of the file named by ``FILE:path``."""
     if start.startswith("FILE:"):
         path = start[len("FILE:"):]
-        try:
-            with open(path, encoding="utf-8") as f:
+        try:  # newline="": the prompt reaches the model byte for byte (CRLF stays CRLF)
+            with open(path, encoding="utf-8", newline="") as f:
                 return f.read()
         except (OSError, UnicodeDecodeError) as e:
             raise BabyGPTError(f"cannot read prompt file '{path}' ({type(e).__name__}); check the path") from None
     return start
 
 
-def sample_cli(args) -> int:
+def sample_cli(argv: list[str]) -> int:
+    """sample.py: read the options, load the checkpoint, stream samples to stdout."""
+    args = parse_into(SampleOptions, argv, USAGE, "Sample text from a BabyGPT checkpoint.")
     problems = [f"--{name} must be positive, got {getattr(args, name)}"
                 for name in ("num_samples", "max_new_tokens") if getattr(args, name) <= 0]
     if not (math.isfinite(args.temperature) and args.temperature >= 0):

@@ -16,11 +16,13 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Optional
 
 from tqdm import tqdm
 
 from .config import FIELDS, load_config, to_dict, with_resolved_dtype
 from .errors import BabyGPTError
+from .options import option, parse_into
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_PY = os.path.join(ROOT, "train.py")
@@ -172,25 +174,26 @@ def parse_value(text: str):
     return text
 
 
+@dataclass
+class SweepOptions:
+    """experiments/sweep.py's command line."""
+
+    config: Optional[str] = option(None, "config file applied to every run", positional=True, metavar="CONFIG.py")
+    grid: list[str] = option([], "one grid axis, KEY=V1,V2,... (repeatable)")
+    set: list[str] = option([], "KEY=VALUE fixed for every run (repeatable)")
+    seeds: str = option("0", "comma-separated seeds")
+    jobs: int = option(1, "runs in parallel")
+    out: str = option("results/sweep", "sweep directory")
+
+
+SWEEP_USAGE = "python experiments/sweep.py [CONFIG.py] --grid KEY=V1,V2 [--grid ...] [--seeds 0,1,2] [--out DIR]"
+SWEEP_EXAMPLE = ("example: python experiments/sweep.py config/prenorm_rms.py --grid norm_type=layernorm,rmsnorm "
+                 "--grid learning_rate=1e-3,3e-3 --seeds 0,1,2 --set max_iters=500 --out results/my_sweep")
+
+
 def main(argv: list[str]) -> int:
-    import argparse
-
-    from .cli import OneLineParser
-
-    p = OneLineParser(prog="experiments/sweep.py",
-                      description="Run train.py over a grid of config overrides x seeds.",
-                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                      epilog="example: python experiments/sweep.py config/prenorm_rms.py "
-                             "--grid norm_type=layernorm,rmsnorm --grid learning_rate=1e-3,3e-3 "
-                             "--seeds 0,1,2 --set max_iters=500 --out results/my_sweep")
-    p.add_argument("config", nargs="?", help="config file applied to every run")
-    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...", help="one grid axis")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="fixed for every run")
-    p.add_argument("--seeds", default="0", help="comma-separated seeds (default: 0)")
-    p.add_argument("--jobs", type=int, default=1, help="runs in parallel (default: 1)")
-    p.add_argument("--out", default="results/sweep", help="sweep directory (default: results/sweep)")
-    p.add_argument("--debug", action="store_true", help="show a traceback on errors")
-    args = p.parse_args(argv)
+    args = parse_into(SweepOptions, argv, SWEEP_USAGE,
+                      "Run train.py over a grid of config overrides x seeds.\n" + SWEEP_EXAMPLE)
     axes = {}
     for spec in args.grid:
         key, eq, values = spec.partition("=")

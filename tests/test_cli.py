@@ -11,6 +11,8 @@ import torch
 from conftest import ROOT, TINY_TRAIN_ARGS as TINY, prepare_small_data, run_script
 from conftest import assert_user_error as conftest_assert_user_error
 
+pytestmark = pytest.mark.slow  # every test here runs the scripts as processes
+
 
 def run(script, *args, cwd):
     return run_script(script, *args, cwd=cwd)

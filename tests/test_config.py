@@ -8,6 +8,7 @@ import torch
 
 from babygpt.config import FIELDS, TrainConfig, convert, help_text, load_config
 from babygpt.errors import BabyGPTError
+from babygpt.model import GPTConfig
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config")
 
@@ -32,10 +33,10 @@ def test_cli_values_are_parsed_by_field_type():
     cfg = load_config(["--learning_rate=1", "--compile=false", "--bias=TRUE", "--max_iters=1e3",
                        "--dropout=0.1", "--final_norm=none", "--lr_decay_iters=500", "--norm_type=layernorm"])
     assert cfg.learning_rate == 1.0 and isinstance(cfg.learning_rate, float)
-    assert cfg.compile is False and cfg.bias is True
+    assert cfg.compile is False and cfg.model.bias is True
     assert cfg.max_iters == 1000 and isinstance(cfg.max_iters, int)
-    assert cfg.final_norm is None and cfg.lr_decay_iters == 500 and cfg.norm_type == "layernorm"
-    assert load_config(["--final_norm=true"]).final_norm is True
+    assert cfg.model.final_norm is None and cfg.lr_decay_iters == 500 and cfg.model.norm_type == "layernorm"
+    assert load_config(["--final_norm=true"]).model.final_norm is True
 
 
 @pytest.mark.parametrize("arg,fragment", [
@@ -57,8 +58,13 @@ def test_typo_suggests_close_match():
 
 
 def test_malformed_argument():
-    (problem,) = problems_of(["--max_iters", "100"])[:1]
+    (problem,) = problems_of(["--max_iters"])[:1]  # no value follows
     assert "malformed argument '--max_iters'" in problem and "--key=value" in problem
+
+
+def test_key_value_with_a_space_and_bare_flags():
+    cfg = load_config(["--max_iters", "100", "--compile", "--norm_type", "layernorm", "--bias=false"])
+    assert (cfg.max_iters, cfg.compile, cfg.model.norm_type, cfg.model.bias) == (100, True, "layernorm", False)
 
 
 def test_all_problems_reported_together(tmp_path):
@@ -75,14 +81,14 @@ def test_config_file_runs_in_private_namespace(tmp_path):
     path = write(tmp_path, "import math\n_width = 64\nn_embd = _width\nlearning_rate = 1\n"
                            "max_iters = 2e3\nwarmup_iters = int(math.sqrt(100))\n")
     cfg = load_config([path])
-    assert (cfg.n_embd, cfg.learning_rate, cfg.max_iters, cfg.warmup_iters) == (64, 1.0, 2000, 10)
+    assert (cfg.model.n_embd, cfg.learning_rate, cfg.max_iters, cfg.warmup_iters) == (64, 1.0, 2000, 10)
     assert "_width" not in globals() and "n_embd" not in globals()
 
 
 def test_cli_overrides_config_file(tmp_path):
     path = write(tmp_path, "max_iters = 10\nn_layer = 2\n")
     cfg = load_config([path, "--max_iters=20"])
-    assert cfg.max_iters == 20 and cfg.n_layer == 2
+    assert cfg.max_iters == 20 and cfg.model.n_layer == 2
 
 
 def test_config_file_errors(tmp_path):
@@ -120,11 +126,13 @@ def test_convert_from_file_values():
 
 def test_help_lists_every_key_with_default_and_description():
     text = help_text()
-    for f in dataclasses.fields(TrainConfig):
-        line = next(line for line in text.splitlines() if line.strip().startswith(f"--{f.name} "))
-        assert f.metadata["help"] in line
-        default = "none" if f.default is None else str(f.default).lower() if isinstance(f.default, bool) \
-            else str(f.default)
+    assert set(FIELDS) == {f.name for f in dataclasses.fields(TrainConfig) if f.name != "model"} | \
+        {f.name for f in dataclasses.fields(GPTConfig) if f.name != "vocab_size"}  # the model's keys too
+    for name, o in FIELDS.items():
+        line = next(line for line in text.splitlines() if line.strip().startswith(f"--{name} "))
+        assert o.help in line
+        default = "none" if o.default is None else str(o.default).lower() if isinstance(o.default, bool) \
+            else str(o.default)
         assert default in line
 
 
@@ -144,7 +152,7 @@ def test_ablation_configs_only_set_norm_keys_and_out_dir():
 
 
 def test_every_field_has_help():
-    assert all(f.metadata.get("help") for f in FIELDS.values())
+    assert all(o.help for o in FIELDS.values())
 
 
 @pytest.mark.parametrize("bf16, expected", [(True, "bfloat16"), (False, "float16")])
@@ -163,8 +171,11 @@ def test_dtype_auto_is_float32_on_cpu_and_recorded(tmp_path):
     from babygpt.trainer import Trainer
     from conftest import TINY_TRAIN_ARGS, prepare_small_data
 
-    cfg = load_config([*TINY_TRAIN_ARGS, f"--data_dir={prepare_small_data(tmp_path)}", f"--out_dir={tmp_path / 'r'}"])
+    cfg = load_config([*TINY_TRAIN_ARGS, f"--data_dir={prepare_small_data(tmp_path)}", f"--out_dir={tmp_path / 'r'}",
+                       "--max_iters=1"])
     assert cfg.dtype == "auto"
     trainer = Trainer(cfg)
     assert trainer.cfg.dtype == "float32"
+    assert not (tmp_path / "r").exists()  # building a Trainer writes nothing; train() does
+    trainer.train()
     assert json.load(open(tmp_path / "r" / "config.json"))["config"]["dtype"] == "float32"

@@ -71,7 +71,7 @@ def test_auto_dtype_tf32_fused_adamw_and_batches_on_cuda(data_dir, tmp_path):
     assert trainer.cfg.dtype == ("bfloat16" if native_bf16 else "float16")
     assert torch.get_float32_matmul_precision() == "high"  # TF32 matmuls
     assert all(g.get("fused") for g in trainer.optimizer.param_groups)
-    x, y = trainer.sampler.next_batch()
+    x, y = trainer.state.sampler.next_batch()
     assert x.is_cuda and y.is_cuda
 
 

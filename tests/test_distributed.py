@@ -21,7 +21,8 @@ from babygpt.model import GPT
 from babygpt.trainer import lr_at
 from conftest import ROOT, TINY_TRAIN_ARGS, prepare_small_data
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
+pytestmark = [pytest.mark.slow,  # every test here starts processes
+              pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")]
 
 ITERS = 8
 ARGS = [*TINY_TRAIN_ARGS, "--log_interval=1", "--eval_interval=4", f"--lr_decay_iters={ITERS}",
@@ -53,7 +54,7 @@ def reference_losses(data_dir):
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model_config(tok.vocab_size))
     opt = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2))
-    samplers = [BatchSampler(train_data, cfg.block_size, cfg.batch_size, Dist(r, r, 2).train_seed(cfg.seed))
+    samplers = [BatchSampler(train_data, cfg.model.block_size, cfg.batch_size, Dist(r, r, 2).train_seed(cfg.seed))
                 for r in range(2)]
     losses = []
     for it in range(ITERS):

@@ -44,12 +44,31 @@ def start_training(out_dir, data_dir, *extra):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def wait_for(path, proc, timeout=60):
+def logged_iter(out_dir) -> int:
+    """The last iteration metrics.jsonl shows (0 before the first row); a row being written is skipped."""
+    last = 0
+    try:
+        with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+            for line in f:
+                try:
+                    last = json.loads(line)["iter"]
+                except ValueError:
+                    pass
+    except OSError:
+        pass
+    return last
+
+
+def wait_for_iter(out_dir, proc, it, timeout=120) -> bool:
+    """Until the run has logged iteration ``it`` or later: progress observed, not time slept,
+    so a loaded machine only makes the test slower. False if the process ended first."""
     deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.02)
+    while logged_iter(out_dir) < it:
+        if proc.poll() is not None:
+            return False
+        assert time.monotonic() < deadline, f"the run never reached iteration {it}"
+        time.sleep(0.005)
+    return True
 
 
 def wait_for_run_start(out_dir, proc, resumes, timeout=60):
@@ -102,9 +121,12 @@ def test_checkpoint_older_than_a_model_field_still_resumes(data_dir, tmp_path):
 
 # ------------------------------------------------------------------ SIGKILL at random moments
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_always_resumes(data_dir, tmp_path):
-    """Kill a run at random moments (mid-step, mid-eval, mid-checkpoint-write); each time the
-    next run continues from what is on disk, and the final metrics equal an unkilled run's."""
+    """Kill a run at random points of its progress (mid-step, mid-eval, mid-checkpoint-write); each
+    time the next run continues from what is on disk, and the final metrics equal an unkilled run's.
+    Each kill waits for a random target iteration to be logged, so the number of kills does not
+    depend on how fast the machine is."""
     max_iters = 300
     args = [f"--max_iters={max_iters}", "--eval_interval=4", "--eval_iters=1", "--log_interval=2"]
     reference = tmp_path / "reference"
@@ -113,14 +135,16 @@ def test_sigkill_at_random_moments_always_resumes(data_dir, tmp_path):
     out = tmp_path / "killed"
     rng = random.Random(0)
     kills, resumed_from, half_written = 0, [], 0
-    for attempt in range(6):
+    attempts = 6
+    for attempt in range(attempts):
         ckpt = out / "ckpt.pt"
         resume = ckpt.exists()
         if resume:
             resumed_from.append(load_checkpoint(str(ckpt))["iter"])  # loadable after every kill
         proc = start_training(out, data_dir, *args, f"--init_from={'resume' if resume else 'scratch'}")
-        started = wait_for_run_start(out, proc, resumes=len(resumed_from))
-        time.sleep(rng.uniform(0.0, 0.6))
+        # A target in this attempt's sixth of the run, past what is already logged.
+        target = max(logged_iter(out) + 1, int((attempt + rng.random()) * max_iters / attempts))
+        started = wait_for_run_start(out, proc, resumes=len(resumed_from)) and wait_for_iter(out, proc, target)
         if not started or proc.poll() is not None:  # finished before the kill
             assert proc.wait() == 0, proc.communicate()
             break
@@ -141,14 +165,14 @@ def test_sigkill_at_random_moments_always_resumes(data_dir, tmp_path):
 
 # ------------------------------------------------------------------ signals
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_saves_checkpoint_and_exits_cleanly(data_dir, tmp_path, sig, code):
     """Interrupt between evals, resume: the metrics equal those of a run never interrupted."""
     out = tmp_path / "run"
     fixed = ["--eval_interval=1000", "--lr_decay_iters=2000", "--log_interval=1"]
     proc = start_training(out, data_dir, "--max_iters=1000000", *fixed)
-    wait_for(out / "ckpt.pt", proc)  # the step-0 checkpoint: training has started
-    time.sleep(0.3)
+    assert wait_for_iter(out, proc, 3), proc.communicate()  # training is under way
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err
@@ -173,9 +197,7 @@ def test_signal_saves_checkpoint_and_exits_cleanly(data_dir, tmp_path, sig, code
 def trainer_with_nan(data_dir, out_dir, k, *extra):
     cfg = load_config([f"--data_dir={data_dir}", f"--out_dir={out_dir}", *TINY_TRAIN_ARGS,
                        "--max_iters=40", *extra])
-    trainer = Trainer(cfg)
-    trainer.forward_model = NaNAfter(trainer.model, k)
-    return trainer
+    return Trainer(cfg, wrap_model=lambda model: NaNAfter(model, k))
 
 
 def test_nonfinite_loss_stops_the_run_and_keeps_last_good_checkpoint(data_dir, tmp_path):
@@ -202,13 +224,11 @@ def test_nonfinite_skip_mode_skips_steps_and_finishes(data_dir, tmp_path):
 def test_interrupt_after_a_nonfinite_step_keeps_the_good_checkpoint(data_dir, tmp_path):
     """Ctrl-C right after a NaN step (before any metrics row saw it): no checkpoint of the bad state."""
     out = tmp_path / "run"
-    trainer = trainer_with_nan(data_dir, out, k=13)
-    wrapped = trainer.forward_model
 
     class InterruptAfterNaN(torch.nn.Module):
-        def __init__(self):
+        def __init__(self, model):
             super().__init__()
-            self.inner = wrapped
+            self.inner = NaNAfter(model, 13)
 
         def forward(self, x, y):
             result = self.inner(x, y)
@@ -216,8 +236,8 @@ def test_interrupt_after_a_nonfinite_step_keeps_the_good_checkpoint(data_dir, tm
                 os.kill(os.getpid(), signal.SIGINT)  # lands in the handler: acted on after this step
             return result
 
-    trainer.forward_model = InterruptAfterNaN()
-    s = trainer.train()
+    cfg = load_config([f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=40"])
+    s = Trainer(cfg, wrap_model=InterruptAfterNaN).train()
     assert s["status"] == "diverged" and s["diverged_at"] == 13
     assert load_checkpoint(str(out / "ckpt.pt"))["iter"] == 10
 
@@ -225,9 +245,7 @@ def test_interrupt_after_a_nonfinite_step_keeps_the_good_checkpoint(data_dir, tm
 def test_nonfinite_eval_stops_without_overwriting_checkpoints(data_dir, tmp_path):
     out = tmp_path / "run"
     cfg = load_config([f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=40"])
-    trainer = Trainer(cfg)
-    trainer.forward_model = trainer.eval_model = NaNAfter(trainer.model, 15, in_eval=True)
-    s = trainer.train()
+    s = Trainer(cfg, wrap_model=lambda model: NaNAfter(model, 15, in_eval=True)).train()
     assert s["status"] == "diverged" and s["diverged_at"] == 20 and s["final_eval_iter"] == 10
     assert load_checkpoint(str(out / "ckpt.pt"))["iter"] == 10
     assert rows(out)[-1]["diverged_at"] == 20 and rows(out)[-1]["val_loss"] is None
@@ -245,12 +263,13 @@ def test_compile_failure_falls_back_to_eager(data_dir, tmp_path, monkeypatch, ca
     cfg = load_config([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *TINY_TRAIN_ARGS,
                        "--max_iters=10", "--compile=true"])
     trainer = Trainer(cfg)
-    assert trainer.forward_model is trainer.model
+    assert trainer.net is trainer.model  # forward passes go through the eager model
     assert "warning: torch.compile failed (RuntimeError: no working C++ compiler); training eagerly" \
         in capsys.readouterr().err
     assert trainer.train()["status"] == "finished"
 
 
+@pytest.mark.slow
 def test_real_divergence_exits_3(data_dir, tmp_path):
     """No norm and an absurd learning rate: the loss overflows within a few steps."""
     proc = run_script("train.py", f"--data_dir={data_dir}", "--out_dir=out", *TINY_TRAIN_ARGS,
@@ -285,6 +304,7 @@ class _Payload:
         return (open, (self.path, "w"))
 
 
+@pytest.mark.slow
 def test_pickled_code_in_a_checkpoint_never_runs(data_dir, tmp_path):
     marker = tmp_path / "PWNED"
     out = tmp_path / "run"

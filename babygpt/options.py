@@ -1,0 +1,263 @@
+"""Typed command-line options: one style for every BabyGPT command.
+
+A command declares its options as dataclass fields made with ``option`` (a default and a help
+text); ``parse`` reads them the same way in train.py, sample.py, bench.py, experiments/*.py and
+``python -m babygpt.plot``::
+
+    --key=value   or   --key value     any option
+    --flag        (or --flag=false)    a true/false option
+    NAME ...                           positional arguments, where a command takes them
+    -h, --help                         the generated list of options
+
+Values are converted by the field's type (int, float, bool, str, a Literal's choices, Optional,
+``list[str]`` for an option that may be repeated); an unknown name gets a close-match suggestion;
+every problem found is reported together, in one BabyGPTError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from dataclasses import MISSING, dataclass
+from typing import Any, Literal
+
+from .errors import BabyGPTError, unknown_choice
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+class ShowHelp(Exception):
+    """Raised by ``parse`` for -h/--help; the command-line runner prints ``text`` and exits 0."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+
+def option(default: Any = MISSING, help: str = "", *, positional: bool = False, metavar: str = ""):
+    """A dataclass field that is a command-line option. No default: the option is required.
+    A list default becomes a fresh list per instance (an option that may be given repeatedly)."""
+    meta = {"help": help, "positional": positional, "metavar": metavar}
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: list(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a command, as read from a dataclass field."""
+
+    name: str
+    type: Any
+    default: Any  # MISSING: required
+    help: str
+    positional: bool = False
+    metavar: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is MISSING
+
+    @property
+    def is_flag(self) -> bool:
+        return _base(self.type) is bool
+
+    @property
+    def repeats(self) -> bool:
+        return typing.get_origin(self.type) is list
+
+
+def options_of(cls, exclude: tuple[str, ...] = ()) -> dict[str, Option]:
+    """The options declared by dataclass ``cls``, by name, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.name in exclude:
+            continue
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        out[f.name] = Option(f.name, hints[f.name], default, f.metadata.get("help", ""),
+                             f.metadata.get("positional", False), f.metadata.get("metavar", ""))
+    return out
+
+
+# ---------------------------------------------------------------- values
+
+def _base(tp):
+    """X for Optional[X], else tp."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return next(a for a in typing.get_args(tp) if a is not type(None))
+    return tp
+
+
+def describe(tp) -> str:
+    """A type as --help shows it: int, float, true|false, pre|post, int|none, str (repeatable)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return describe(_base(tp)) + "|none"
+    if typing.get_origin(tp) is Literal:
+        return "|".join(typing.get_args(tp))
+    if typing.get_origin(tp) is list:
+        return describe(typing.get_args(tp)[0]) + "..."
+    return "true|false" if tp is bool else tp.__name__
+
+
+def convert(name: str, tp, value, from_cli: bool):
+    """Convert ``value`` (a string from the command line, or a Python value from a config file)
+    to type ``tp`` of option ``name``. Raises ValueError with a message that names the option."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):  # Optional[X]
+        if value is None or (from_cli and str(value).lower() in ("none", "null")):
+            return None
+        return convert(name, _base(tp), value, from_cli)
+    if origin is list:
+        items = value if isinstance(value, list) else [value]
+        return [convert(name, typing.get_args(tp)[0], v, from_cli) for v in items]
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ValueError(unknown_choice(name, value, choices))
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if from_cli and value.lower() in _TRUE | _FALSE:
+            return value.lower() in _TRUE
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    if tp is int:
+        return _to_int(name, value, from_cli)
+    if tp is float:
+        if isinstance(value, bool) or not (from_cli or isinstance(value, (int, float))):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ValueError(f"{name} must be a string, got {value!r}")
+    raise TypeError(f"no parser for option {name} of type {tp}")  # a bug in a declaration, not user input
+
+
+def _to_int(name: str, value, from_cli: bool) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if from_cli:
+        try:
+            return int(value)
+        except ValueError:
+            try:
+                value = float(value)
+            except ValueError:
+                raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)  # 1e3 is a fine way to write 1000
+    if isinstance(value, int):
+        return value
+    raise ValueError(f"{name} must be an integer, got {value!r}")
+
+
+def unknown_name(name: str, known, kind: str = "option", dashes: str = "--") -> str:
+    """``unknown option '--temp' (did you mean '--temperature'?)``."""
+    # An abbreviation (--temp) names its option as surely as a typo does; difflib alone misses it.
+    close = [k for k in known if k.startswith(name)][:1] or difflib.get_close_matches(name, list(known), n=1)
+    hint = f" (did you mean '{dashes}{close[0]}'?)" if close else "; see --help for the list"
+    return f"unknown {kind} '{dashes}{name}'{hint}"
+
+
+# ---------------------------------------------------------------- argv
+
+def parse(argv: list[str], options: dict[str, Option], usage: str, *, kind: str = "option",
+          dashes: str = "--", help_text: str | None = None) -> tuple[dict, list[str]]:
+    """Read ``argv`` against ``options``: ({name: converted value} for what argv sets, problems).
+
+    Raises ShowHelp for -h/--help. ``kind`` and ``dashes`` shape the unknown-name message
+    (train.py says "unknown config key 'lr'")."""
+    if "-h" in argv or "--help" in argv:
+        raise ShowHelp(help_text or format_help(usage, options))
+    named = {n: o for n, o in options.items() if not o.positional}
+    positional = [o for o in options.values() if o.positional]
+    values: dict = {}
+    problems: list[str] = []
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if not arg.startswith("-") or arg == "-":
+            _take_positional(arg, positional, values, problems, usage)
+            continue
+        key, eq, text = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
+        if not key:
+            problems.append(f"unexpected argument '{arg}'; usage: {usage}")
+            continue
+        opt = named.get(key)
+        value_follows = bool(args) and not args[0].startswith("--")
+        if not eq and not value_follows and not (opt and opt.is_flag):
+            problems.append(f"malformed argument '{arg}': no value; write --key=value or --key value "
+                            f"(e.g. {arg}=VALUE)")
+            continue
+        if not eq and not (opt and opt.is_flag):
+            text = args.pop(0)  # --key value
+        if opt is None:
+            problems.append(unknown_name(key, named, kind, dashes))
+            continue
+        if not eq and opt.is_flag:
+            text = "true"  # --flag
+        try:
+            value = convert(key, opt.type, text, from_cli=True)
+        except ValueError as e:
+            problems.append(str(e))
+            continue
+        values[key] = values.get(key, []) + value if opt.repeats else value
+    for opt in [*named.values(), *positional]:
+        if opt.required and opt.name not in values:
+            what = f"--{opt.name}" if not opt.positional else (opt.metavar or opt.name.upper())
+            problems.append(f"{what} is required; usage: {usage}")
+    return values, problems
+
+
+def _take_positional(arg: str, positional: list[Option], values: dict, problems: list[str], usage: str):
+    for opt in positional:
+        if opt.repeats:
+            values.setdefault(opt.name, []).append(arg)
+            return
+        if opt.name not in values:
+            values[opt.name] = arg
+            return
+    problems.append(f"unexpected argument '{arg}'; usage: {usage}")
+
+
+def parse_into(cls, argv: list[str], usage: str, description: str = ""):
+    """An instance of options dataclass ``cls`` read from ``argv``; every problem in one BabyGPTError."""
+    options = options_of(cls)
+    values, problems = parse(argv, options, usage,
+                             help_text=format_help(usage, options, description))
+    if problems:
+        raise BabyGPTError(*problems)
+    return cls(**values)
+
+
+def format_help(usage: str, options: dict[str, Option], description: str = "",
+                sections: dict[str, dict[str, Option]] | None = None) -> str:
+    """usage, description, then one line per option: name, type, default, meaning."""
+    lines = [f"usage: {usage}"] + (["", description] if description else [])
+    for title, opts in (sections or {"options": options}).items():
+        lines += ["", f"{title}:"]
+        for o in opts.values():
+            name = (o.metavar or o.name.upper()) if o.positional else f"--{o.name}"
+            default = "(required)" if o.required else _show(o.default)
+            lines.append(f"  {name:<30} {describe(o.type):<24} {default:<22} {o.help}")
+    lines += ["", f"  {'--debug':<30} {'':<24} {'':<22} show a traceback on errors"]
+    return "\n".join(lines)
+
+
+def _show(value) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return ",".join(map(str, value)) or "-"
+    return str(value)

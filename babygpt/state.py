@@ -1,0 +1,80 @@
+"""TrainState: where a run stands, besides its weights, optimizer and loss scaler."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .checkpoint import capture_rng
+from .data import BatchSampler
+from .signals import signal_name
+
+COUNTERS = ("first_nonfinite", "skipped_steps", "scaler_skipped_steps")  # nested under "counters" in a checkpoint
+PER_RANK = ("sampler", "pending_rng")  # each process's own; see TrainState.rank_state
+
+
+def finite_or_none(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+@dataclass
+class TrainState:
+    """Everything about a run's progress that a resume restores and summary.json reports, besides
+    the model, optimizer and scaler. Each field is declared here once; the checkpoint's fields
+    are read off this declaration.
+
+    The batch sampler's and the random generators' states belong to one process (under torchrun
+    each rank draws its own batches and dropout masks): ``rank_state`` / ``load_rank_state``."""
+
+    sampler: BatchSampler
+    iter: int = 0  # optimizer steps taken
+    best_val_loss: float = math.inf
+    last_eval: dict = field(default_factory=dict)  # {"iter", "train_loss", "val_loss"} of the last finite eval
+    elapsed_s: float = 0.0  # training time over every start of the run, as of the last update
+    first_nonfinite: int | None = None  # the first iteration whose loss was not finite
+    skipped_steps: int = 0  # steps dropped by nonfinite=skip
+    scaler_skipped_steps: int = 0  # steps the float16 GradScaler dropped (inf/NaN gradients)
+    pending_rng: dict | None = None  # generator states loaded from a checkpoint, applied when training starts
+
+    def _shared(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self) if f.name not in PER_RANK]
+
+    def state_dict(self) -> dict:
+        """The fields every rank shares (rank 0's, in a checkpoint)."""
+        values = {name: getattr(self, name) for name in self._shared()}
+        return {**{k: v for k, v in values.items() if k not in COUNTERS},
+                "counters": {k: values[k] for k in COUNTERS}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore from ``state`` (e.g. a whole checkpoint; other keys are ignored). KeyError if a field is missing."""
+        flat = {**state, **state["counters"]}
+        for name in self._shared():
+            setattr(self, name, flat[name])
+
+    def rank_state(self, device: torch.device) -> dict:
+        return {"sampler": self.sampler.state_dict(), "rng": capture_rng(device)}
+
+    def load_rank_state(self, state: dict) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+        self.pending_rng = state["rng"]
+
+    def summary(self, status: str, max_iters: int, signum: int | None) -> dict:
+        """summary.json: how the run ended (finished | diverged | interrupted) and where it stands."""
+        return {
+            "status": status,
+            "iter": self.iter,
+            "max_iters": max_iters,
+            "diverged_at": self.first_nonfinite if status == "diverged" else None,
+            "first_nonfinite_at": self.first_nonfinite,
+            "skipped_steps": self.skipped_steps,
+            "scaler_skipped_steps": self.scaler_skipped_steps,
+            "final_train_loss": self.last_eval.get("train_loss"),
+            "final_val_loss": self.last_eval.get("val_loss"),
+            "final_eval_iter": self.last_eval.get("iter"),
+            "best_val_loss": finite_or_none(self.best_val_loss),
+            "wall_time_s": round(self.elapsed_s, 3),
+            "signal": signal_name(signum) if status == "interrupted" else None,
+        }

@@ -1,0 +1,38 @@
+"""sample.py's pieces, in process: its options and prompt files."""
+
+import pytest
+
+from babygpt.errors import BabyGPTError
+from babygpt.options import ShowHelp, parse_into
+from babygpt.sampling import USAGE, SampleOptions, read_prompt
+
+
+def test_prompt_file_is_read_byte_for_byte(tmp_path):
+    """A CRLF prompt reaches the model as CRLF: no newline translation on the way in."""
+    path = tmp_path / "prompt.txt"
+    path.write_bytes(b"ROMEO:\r\nO, she doth teach\r\n")
+    assert read_prompt(f"FILE:{path}") == "ROMEO:\r\nO, she doth teach\r\n"
+    assert read_prompt("plain text") == "plain text"
+
+
+def test_sample_options_in_both_spellings():
+    a = parse_into(SampleOptions, ["--ckpt", "x.pt", "--temperature", "0", "--no_kv_cache", "--top_k=5"], USAGE)
+    b = parse_into(SampleOptions, ["--ckpt=x.pt", "--temperature=0", "--no_kv_cache=true", "--top_k", "5"], USAGE)
+    assert a == b and a.ckpt == "x.pt" and a.temperature == 0.0 and a.no_kv_cache and a.top_k == 5
+    assert a.start == "\n" and a.num_samples == 3
+
+
+def test_sample_option_problems_are_reported_together():
+    with pytest.raises(BabyGPTError) as err:
+        parse_into(SampleOptions, ["--temp=1", "--num_samples=two"], USAGE)
+    joined = "\n".join(err.value.problems)
+    assert "unknown option '--temp' (did you mean '--temperature'?)" in joined
+    assert "num_samples must be an integer, got 'two'" in joined
+    assert "--ckpt is required" in joined
+
+
+def test_sample_help_lists_every_option():
+    with pytest.raises(ShowHelp) as h:
+        parse_into(SampleOptions, ["--help"], USAGE)
+    for name in ("--ckpt", "--start", "--temperature", "--top_k", "--no_kv_cache"):
+        assert name in h.value.text

@@ -1,0 +1,127 @@
+"""The training loop's parts, in process: eval windows, TrainState, RNG capture, the run directory."""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from babygpt.checkpoint import capture_rng, restore_rng
+from babygpt.config import load_config
+from babygpt.data import BatchSampler
+from babygpt.distributed import Dist
+from babygpt.state import TrainState
+from babygpt.trainer import Trainer, estimate_loss
+from conftest import TINY_TRAIN_ARGS, prepare_small_data
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return prepare_small_data(tmp_path_factory.mktemp("trainer"))
+
+
+class RecordingModel(torch.nn.Module):
+    """Stands in for a GPT in estimate_loss: remembers every batch it is asked to score."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def forward(self, x, y):
+        self.seen.append(x.clone())
+        return None, x.float().mean()
+
+
+class LocalRank(Dist):
+    """One rank of a pretend job: who it is, with sums over ranks left to the caller."""
+
+    def sum(self, t):
+        return t
+
+
+def eval_windows(cfg, splits, dist=Dist()):
+    model = RecordingModel()
+    estimate_loss(model, splits, cfg, torch.device("cpu"), dist)
+    return model.seen
+
+
+def test_eval_windows_do_not_depend_on_seed_or_rank(data_dir):
+    """Runs with other seeds score the same text, and under torchrun the ranks share out the very
+    batches one process would score (so the loss is the same whatever the world size)."""
+    from babygpt.data import load_dataset
+
+    train_data, val_data, _ = load_dataset(data_dir)
+    splits = {"val": val_data}
+    a, b = (load_config([*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", "--eval_iters=5", "--dtype=float32", f"--seed={s}"])
+            for s in (0, 1234))
+    one = eval_windows(a, splits)
+    assert len(one) == 5
+    for x, y in zip(one, eval_windows(b, splits)):
+        assert torch.equal(x, y)
+    ranks = [eval_windows(a, splits, LocalRank(r, r, 2)) for r in range(2)]
+    assert [len(r) for r in ranks] == [3, 2]  # batches 0, 2, 4 and 1, 3
+    for k, x in enumerate(one):
+        assert torch.equal(ranks[k % 2][k // 2], x)
+    # Training batches come from the run's own seed: never the eval stream.
+    train_batch = BatchSampler(val_data, a.model.block_size, a.batch_size, a.seed).next_batch()[0]
+    assert not torch.equal(train_batch, one[0])
+
+
+def test_train_state_round_trip(data_dir):
+    """Every field a TrainState declares survives state_dict / load_state_dict (per-rank parts too)."""
+    from babygpt.data import load_dataset
+
+    train_data, _, _ = load_dataset(data_dir)
+    sampler = BatchSampler(train_data, 16, 4, seed=3)
+    sampler.next_batch()
+    state = TrainState(sampler, iter=7, best_val_loss=1.5, last_eval={"iter": 5, "train_loss": 1.4, "val_loss": 1.5},
+                       elapsed_s=2.5, first_nonfinite=6, skipped_steps=2, scaler_skipped_steps=1)
+    saved = {**state.state_dict(), **state.rank_state(torch.device("cpu"))}
+    fresh = TrainState(BatchSampler(train_data, 16, 4, seed=99))
+    fresh.load_state_dict(saved)
+    fresh.load_rank_state(saved)
+    for f in dataclasses.fields(TrainState):
+        if f.name not in ("sampler", "pending_rng"):
+            assert getattr(fresh, f.name) == getattr(state, f.name), f.name
+    assert torch.equal(fresh.sampler.next_batch()[0], state.sampler.next_batch()[0])
+    assert fresh.pending_rng is saved["rng"]
+    s = fresh.summary("finished", 10, None)
+    assert (s["iter"], s["first_nonfinite_at"], s["skipped_steps"], s["final_val_loss"]) == (7, 6, 2, 1.5)
+    assert TrainState(sampler).summary("diverged", 10, None)["best_val_loss"] is None  # inf is not JSON
+
+
+def test_rng_capture_and_restore_cover_every_generator():
+    state = capture_rng(torch.device("cpu"))
+    expected = (torch.rand(3), np.random.rand(3), __import__("random").random())
+    restore_rng(state, torch.device("cpu"))
+    again = (torch.rand(3), np.random.rand(3), __import__("random").random())
+    assert torch.equal(expected[0], again[0]) and np.array_equal(expected[1], again[1])
+    assert expected[2] == again[2]
+
+
+def test_mps_rng_state_is_saved_and_restored(monkeypatch):
+    """On Apple GPUs dropout draws from the MPS generator: its state must be in the checkpoint."""
+    saved = torch.arange(8, dtype=torch.uint8)
+    restored = []
+    monkeypatch.setattr(torch.mps, "get_rng_state", lambda *a, **k: saved.clone())
+    monkeypatch.setattr(torch.mps, "set_rng_state", lambda s, *a, **k: restored.append(s))
+    mps = torch.device("mps")
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda *a: pytest.fail("no CUDA state on mps"))
+    state = capture_rng(mps)
+    assert torch.equal(state["mps"][0], saved)
+    restore_rng(state, mps)
+    assert len(restored) == 1 and torch.equal(restored[0], saved)
+    old = {k: v for k, v in state.items() if k != "mps"}  # a checkpoint from before the key existed
+    restore_rng(old, mps)
+    assert len(restored) == 1
+
+
+def test_building_a_trainer_writes_nothing_and_prints_nothing(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    trainer = Trainer(load_config([*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=2"]))
+    loss = trainer.step(1e-3)
+    assert math.isfinite(loss.item()) and trainer.state.iter == 0  # step() does not advance the run's count
+    assert not out.exists() and capsys.readouterr().out == ""
+    summary = trainer.train()
+    assert summary["status"] == "finished" and (out / "summary.json").exists()
