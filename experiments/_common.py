@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from babygpt.cli import OneLineParser, run  # noqa: E402
+from babygpt.cli import run  # noqa: E402
+from babygpt.errors import BabyGPTError, unknown_choice  # noqa: E402
+from babygpt.model import PLACEMENTS  # noqa: E402
+from babygpt.options import option, parse_into  # noqa: E402
 
 # Training budgets (model shape, context, batch, iterations) of the experiments. Default mode
 # is sized so that each experiment stays within about 15 minutes on a 2-core CPU; quick mode
@@ -25,37 +29,50 @@ QUICK_BUDGET = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "batc
                 "warmup_iters": 5, "dropout": 0.0}
 
 
-def parser(name: str, description: str) -> argparse.ArgumentParser:
-    p = OneLineParser(prog=f"experiments/{name}.py", description=description)
-    p.add_argument("--quick", action="store_true", help="a tiny version that only checks the pipeline")
-    p.add_argument("--out", default=None, help=f"output directory (default: results/{name})")
-    p.add_argument("--debug", action="store_true", help="show a traceback on errors")
-    return p
+@dataclass
+class Options:
+    """The options of every experiment; each script subclasses this with its own."""
+
+    quick: bool = option(False, "a tiny version that only checks the pipeline")
+    out: Optional[str] = option(None, "output directory (default: results/<experiment>)")
+
+    def problems(self) -> list[str]:
+        """Problems parsing alone cannot see (a value outside a list, options that disagree)."""
+        return []
 
 
-def training_parser(name: str, description: str) -> argparse.ArgumentParser:
-    p = parser(name, description)
-    p.add_argument("--data_dir", default="data/shakespeare_char", help="prepared data (default: %(default)s)")
-    p.add_argument("--jobs", type=int, default=1, help="training runs in parallel (default: 1)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a training key for every run, e.g. --set max_iters=1000")
-    return p
+@dataclass
+class DataOptions(Options):
+    data_dir: str = option("data/shakespeare_char", "prepared data")
 
 
-def add_placements(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--placements", default="pre,post", help="norm placements to compare (default pre,post)")
+@dataclass
+class TrainingOptions(DataOptions):
+    """The options of the experiments that train models through a sweep."""
+
+    jobs: int = option(1, "training runs in parallel")
+    set: list[str] = option([], "override a training key for every run, e.g. --set max_iters=1000 (repeatable)",
+                            metavar="KEY=VALUE")
 
 
-def placements(args) -> list[str]:
-    """The --placements list, checked against the model's before anything is written."""
-    from babygpt.errors import BabyGPTError, unknown_choice
-    from babygpt.model import PLACEMENTS
+def parse(cls, argv: list[str], name: str, doc: str):
+    """An instance of options dataclass ``cls`` read from ``argv``, checked before anything is
+    written; ``doc`` is the script's docstring, whose first line is the --help description."""
+    args = parse_into(cls, argv, f"python experiments/{name}.py [--key=value ...]", doc.splitlines()[0])
+    problems = args.problems()
+    if problems:
+        raise BabyGPTError(*problems)
+    return args
 
-    chosen = args.placements.split(",")
-    bad = [pl for pl in chosen if pl not in PLACEMENTS]
-    if bad:
-        raise BabyGPTError(unknown_choice("placement", bad[0], PLACEMENTS))
-    return chosen
+
+def placements_option():
+    """The --placements option of the experiments that compare norm placements."""
+    return option("pre,post", "comma-separated norm placements to compare, among " + ",".join(PLACEMENTS))
+
+
+def placement_problems(text: str) -> list[str]:
+    bad = [pl for pl in text.split(",") if pl not in PLACEMENTS]
+    return [unknown_choice("placement", bad[0], PLACEMENTS)] if bad else []
 
 
 def out_dir(args, name: str) -> str:
@@ -74,7 +91,6 @@ def budget_args(args, extra: dict | None = None) -> list[str]:
 def finished_rows(sweep) -> dict:
     """Run the sweep; its rows by run name. Runs that crashed or were refused (not finished, not
     diverged) stop the experiment with a pointer to their logs."""
-    from babygpt.errors import BabyGPTError
     from babygpt.sweep import DONE
 
     rows = sweep.run()

@@ -15,16 +15,28 @@ import csv
 import os
 import statistics
 import time
+from dataclasses import dataclass
+from typing import Literal
 
 import _common
 import torch
 import torch.nn as nn
 
 from babygpt.norms import build_norm
+from babygpt.options import option
 from babygpt.plot import new_figure, save
 
 NORMS = ["none", "layernorm", "rmsnorm"]
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
+
+
+@dataclass
+class Exp1Options(_common.Options):
+    activation: Literal[tuple(ACTIVATIONS)] = option("tanh", "the activation after each norm")
+    depth: int = option(10, "number of Linear -> norm -> activation blocks")
+
+    def problems(self) -> list[str]:
+        return [f"--depth must be at least 1, got {self.depth}"] if self.depth < 1 else []
 
 
 def plain_network(depth: int, width: int, norm: str, activation: str) -> nn.Sequential:
@@ -52,10 +64,7 @@ def measure(depth: int, width: int, batch: int, norm: str, activation: str, seed
 
 
 def main(argv):
-    p = _common.parser("exp1_gradient_vanishing", __doc__.splitlines()[0])
-    p.add_argument("--activation", choices=list(ACTIVATIONS), default="tanh")
-    p.add_argument("--depth", type=int, default=10)
-    args = p.parse_args(argv)
+    args = _common.parse(Exp1Options, argv, "exp1_gradient_vanishing", __doc__)
     started = time.time()
     out = _common.out_dir(args, "exp1_gradient_vanishing")
     width, batch, seeds = (64, 64, 2) if args.quick else (256, 1024, 10)

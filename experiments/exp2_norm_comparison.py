@@ -17,9 +17,12 @@ import math
 import os
 import statistics
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 import _common
 
+from babygpt.options import option
 from babygpt.plot import load_run, new_figure, save
 from babygpt.sweep import Run, Sweep
 
@@ -37,18 +40,27 @@ def floats(text: str) -> list[float]:
     return [float(v) for v in text.split(",")]
 
 
+@dataclass
+class Exp2Options(_common.TrainingOptions):
+    configs: Optional[str] = option(None, "comma-separated config files to compare (none: the five in config/)")
+    seeds: Optional[int] = option(None, "seeds per configuration (none: 3; quick 1)")
+    base_lr: float = option(3e-3, "learning rate of the seed runs")
+    lrs: Optional[str] = option(None, "LR grid (none: 1e-3,3e-3,1e-2,3e-2; quick 3e-3,3e-2)")
+    margin: float = option(0.05, "LR tolerance margin in nats")
+
+    def problems(self) -> list[str]:
+        try:
+            floats(self.lrs or "0")  # the default grid is fine
+        except ValueError:
+            return [f"--lrs takes comma-separated numbers, got {self.lrs!r}"]
+        return []
+
+
 def main(argv):
-    p = _common.training_parser("exp2_norm_comparison", __doc__.splitlines()[0])
-    p.add_argument("--configs", default=",".join(CONFIGS),
-                   help="comma-separated config files to compare (default: the five in config/)")
-    p.add_argument("--seeds", type=int, default=None, help="seeds per configuration (default 3; quick 1)")
-    p.add_argument("--base_lr", type=float, default=3e-3, help="learning rate of the seed runs (default 3e-3)")
-    p.add_argument("--lrs", default=None, help="LR grid (default 1e-3,3e-3,1e-2,3e-2; quick 3e-3,3e-2)")
-    p.add_argument("--margin", type=float, default=0.05, help="LR tolerance margin in nats (default 0.05)")
-    args = p.parse_args(argv)
+    args = _common.parse(Exp2Options, argv, "exp2_norm_comparison", __doc__)
     started = time.time()
     out = _common.out_dir(args, "exp2_norm_comparison")
-    configs = args.configs.split(",")
+    configs = args.configs.split(",") if args.configs else CONFIGS
     seeds = args.seeds or (1 if args.quick else 3)
     lrs = sorted(set(floats(args.lrs or ("3e-3,3e-2" if args.quick else "1e-3,3e-3,1e-2,3e-2")) + [args.base_lr]))
 

@@ -13,22 +13,34 @@ Writes results.csv (one row per run), prenorm_vs_postnorm.png and report.md.
 
 import os
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 import _common
 
+from babygpt.options import option
 from babygpt.plot import load_run, new_figure, plot_runs, save
 from babygpt.sweep import Run, Sweep
 
 
+@dataclass
+class Exp3Options(_common.TrainingOptions):
+    lr: float = option(3e-3, "learning rate of every run")
+    depths: Optional[str] = option(None, "comma-separated n_layer values (none: 4,8,12; quick 2)")
+    warmup: Optional[int] = option(None, "warmup iterations of the warmup runs (none: 100; quick 5)")
+    placements: str = _common.placements_option()
+    norm_type: str = option("layernorm", "the norm of every run")
+
+    def problems(self) -> list[str]:
+        problems = _common.placement_problems(self.placements)
+        if self.depths and not all(d.strip().isdigit() for d in self.depths.split(",")):
+            problems.append(f"--depths takes comma-separated integers, got {self.depths!r}")
+        return problems
+
+
 def main(argv):
-    p = _common.training_parser("exp3_prenorm_vs_postnorm", __doc__.splitlines()[0])
-    p.add_argument("--lr", type=float, default=3e-3, help="learning rate of every run (default 3e-3)")
-    p.add_argument("--depths", default=None, help="comma-separated n_layer values (default 4,8,12; quick 2)")
-    p.add_argument("--warmup", type=int, default=None, help="warmup iterations of the warmup runs (default 100)")
-    _common.add_placements(p)
-    p.add_argument("--norm_type", default="layernorm", help="the norm of every run (default layernorm)")
-    args = p.parse_args(argv)
-    placements = _common.placements(args)
+    args = _common.parse(Exp3Options, argv, "exp3_prenorm_vs_postnorm", __doc__)
+    placements = args.placements.split(",")
     started = time.time()
     out = _common.out_dir(args, "exp3_prenorm_vs_postnorm")
     depths = [int(d) for d in (args.depths or ("2" if args.quick else "4,8,12")).split(",")]

@@ -18,6 +18,7 @@ Writes grad_norm_at_init.csv, grad_norm_at_init.png and report.md.
 import csv
 import os
 import time
+from dataclasses import dataclass
 
 import _common
 import torch
@@ -45,12 +46,17 @@ def ffn_grad_norms(placement: str, n_layer: int, width: int, data, vocab: int, b
     return norms
 
 
+@dataclass
+class Exp4Options(_common.DataOptions):
+    placements: str = _common.placements_option()
+
+    def problems(self) -> list[str]:
+        return _common.placement_problems(self.placements)
+
+
 def main(argv):
-    p = _common.parser("exp4_grad_norm_at_init", __doc__.splitlines()[0])
-    p.add_argument("--data_dir", default="data/shakespeare_char", help="prepared data (default: %(default)s)")
-    _common.add_placements(p)
-    args = p.parse_args(argv)
-    placements = _common.placements(args)
+    args = _common.parse(Exp4Options, argv, "exp4_grad_norm_at_init", __doc__)
+    placements = args.placements.split(",")
     started = time.time()
     out = _common.out_dir(args, "exp4_grad_norm_at_init")
     train, _, tok = load_dataset(args.data_dir)

@@ -26,6 +26,23 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
+def test_experiment_options_are_checked_before_anything_runs(monkeypatch):
+    """The experiments share babygpt.options' command line; their own checks report together."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import _common
+    from exp3_prenorm_vs_postnorm import Exp3Options
+
+    args = _common.parse(Exp3Options, ["--quick", "--set", "max_iters=3", "--set=seed=1", "--placements",
+                                       "pre,sandwich"], "exp3_prenorm_vs_postnorm", "doc")
+    assert args.quick and args.set == ["max_iters=3", "seed=1"] and args.placements == "pre,sandwich"
+    assert args.data_dir == "data/shakespeare_char" and args.jobs == 1 and args.out is None
+    with pytest.raises(BabyGPTError, match="unknown placement 'side'") as e:
+        _common.parse(Exp3Options, ["--placements=pre,side", "--depths=4,x"], "exp3_prenorm_vs_postnorm", "doc")
+    assert len(e.value.problems) == 2
+    with pytest.raises(BabyGPTError, match="did you mean '--placements'"):
+        _common.parse(Exp3Options, ["--placement=pre"], "exp3_prenorm_vs_postnorm", "doc")
+
+
 def test_grid_and_run_names():
     combos = grid({"norm_type": ["layernorm", "rmsnorm"], "learning_rate": [1e-3, 3e-3]})
     assert len(combos) == 4 and {"norm_type": "rmsnorm", "learning_rate": 3e-3} in combos
@@ -48,6 +65,7 @@ def small_sweep(data_dir, tmp_path_factory):
     return sweep, runs, sweep.run(progress=False)
 
 
+@pytest.mark.slow
 def test_sweep_runs_skips_finished_resumes_killed_and_reads_divergence(small_sweep):
     sweep, runs, first = small_sweep
     rows = {r["name"]: r for r in first}
@@ -77,6 +95,7 @@ def test_sweep_runs_skips_finished_resumes_killed_and_reads_divergence(small_swe
         other.run(progress=False)
 
 
+@pytest.mark.slow
 def test_sweep_cli(data_dir, tmp_path):
     proc = run_script("experiments/sweep.py", "--grid", "norm_type=layernorm,rmsnorm", "--seeds", "0",
                       "--out", "sw", *[f"--set={a[2:]}" for a in BASE], f"--set=data_dir={data_dir}",
@@ -87,6 +106,7 @@ def test_sweep_cli(data_dir, tmp_path):
     assert bad.returncode == 2 and "unknown config key" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow
 def test_plot_cli_and_divergence_marker(small_sweep, tmp_path):
     sweep, runs, _ = small_sweep
     assert diverged_at(load_run(sweep.out_dir(runs[1]))) is not None
@@ -101,6 +121,7 @@ def test_plot_cli_and_divergence_marker(small_sweep, tmp_path):
     assert proc.returncode == 2 and "no metrics.jsonl" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script,extra,outputs", [
     ("exp1_gradient_vanishing", [], ["gradient_vanishing.png", "gradient_vanishing.csv", "report.md"]),
     ("exp4_grad_norm_at_init", ["--data_dir={data}", "--placements=pre,post,sandwich,deepnorm"],
@@ -125,11 +146,12 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
         assert len(read_csv(tmp_path / "res" / "results.csv")) == 4  # 1 depth x 2 placements x 2 warmups
 
 
+@pytest.mark.slow
 def test_exp5_norm_speed_quick_mode(data_dir, tmp_path):
     """Every implementation (the registry, read now, the from-scratch formulas of classes that call
     a fused kernel, and PyTorch's two) gets a timing row per
     pass and width, and every norm_type a training-speed row; --quick compiles nothing."""
-    from babygpt.norms import NORMS
+    from babygpt.norms import NORMS, norm_class
 
     proc = run_script("experiments/exp5_norm_speed.py", "--quick", "--out=res", f"--data_dir={data_dir}",
                       cwd=tmp_path, timeout=300)
@@ -137,7 +159,7 @@ def test_exp5_norm_speed_quick_mode(data_dir, tmp_path):
     res = tmp_path / "res"
     for name in ("norm_speed.csv", "end_to_end.csv", "norm_speed.png", "report.md"):
         assert (res / name).stat().st_size > 0, name
-    formulas = [f"{n} formula" for n, cls in NORMS.items() if hasattr(cls, "formula")]
+    formulas = [f"{n} formula" for n, entry in NORMS.items() if hasattr(norm_class(entry), "formula")]
     assert "layernorm formula" in formulas  # the from-scratch LayerNorm is timed beside the fused one
     impls = [*NORMS, *formulas, "F.layer_norm", "F.rms_norm"]
     rows = read_csv(res / "norm_speed.csv")
@@ -154,6 +176,7 @@ def test_exp5_norm_speed_quick_mode(data_dir, tmp_path):
     assert "| width | mode | " + " | ".join(impls) + " |" in report
 
 
+@pytest.mark.slow
 def test_exp5_norm_speed_rejects_unmeasured_compile_width(tmp_path):
     proc = run_script("experiments/exp5_norm_speed.py", "--quick", "--compile_widths=100", cwd=tmp_path)
     assert proc.returncode == 2 and "--compile_widths must be among" in proc.stderr
