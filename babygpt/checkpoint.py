@@ -97,9 +97,13 @@ def pack_training_state(model, optimizer, scaler, state, dist, device: torch.dev
     }
 
 
-def unpack_training_state(ckpt: dict, path: str, model, optimizer, scaler, state, dist) -> None:
-    """Load what ``pack_training_state`` wrote into the run's objects (the RNG states are kept in
-    ``state.pending_rng``, applied when training starts)."""
+def resume_training_state(path: str, model_cfg, vocab: list[str], model, optimizer, scaler, state, dist) -> None:
+    """Load the checkpoint ``path`` (written by ``pack_training_state``) into the run's objects,
+    after checking that it fits them. The RNG states are kept in ``state.pending_rng``, applied
+    when training starts. Under torchrun every rank reads the file, so across nodes it must be
+    on a shared filesystem."""
+    ckpt = load_checkpoint(path, map_location="cpu")
+    check_resumable(ckpt, model_cfg, vocab, dist.world_size, path)
     try:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])

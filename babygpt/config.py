@@ -23,48 +23,44 @@ from typing import Literal, Optional
 
 from .errors import BabyGPTError
 from .model import GPTConfig
-from .options import Option, convert as convert_value, format_help, options_of, parse, unknown_name
+from .options import Option, convert as convert_value, format_help, option, options_of, parse, unknown_name
 from .runtime import check_dtype, resolve_device, resolve_dtype
-
-
-def _opt(default, help: str):
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class TrainConfig:
     # I/O and hardware
-    out_dir: str = _opt("out/run", "run directory: config.json, metrics.jsonl, ckpt.pt, best.pt")
-    data_dir: str = _opt("data/shakespeare_char", "holds input.txt; train.bin/val.bin/meta.json are made there")
-    device: Literal["auto", "cpu", "cuda", "mps"] = _opt("auto", "auto = cuda if available, else mps, else cpu")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = _opt(
+    out_dir: str = option("out/run", "run directory: config.json, metrics.jsonl, ckpt.pt, best.pt")
+    data_dir: str = option("data/shakespeare_char", "holds input.txt; train.bin/val.bin/meta.json are made there")
+    device: Literal["auto", "cpu", "cuda", "mps"] = option("auto", "auto = cuda if available, else mps, else cpu")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = option(
         "auto", "autocast dtype; auto = bfloat16 on CUDA (float16 + GradScaler if the GPU lacks bf16), "
                 "float32 on CPU/MPS; bfloat16 also works on CPU; float16 needs CUDA")
-    compile: bool = _opt(False, "torch.compile the model (falls back to eager with a warning)")
-    seed: int = _opt(1337, "seed for init, batches and dropout")
+    compile: bool = option(False, "torch.compile the model (falls back to eager with a warning)")
+    seed: int = option(1337, "seed for init, batches and dropout")
     # data
-    batch_size: int = _opt(32, "sequences per micro-step")
-    gradient_accumulation_steps: int = _opt(1, "micro-steps per optimizer step")
+    batch_size: int = option(32, "sequences per micro-step")
+    gradient_accumulation_steps: int = option(1, "micro-steps per optimizer step")
     # the model: GPTConfig's fields, set by their own names
     model: GPTConfig = field(default_factory=GPTConfig)
     # optimization
-    learning_rate: float = _opt(2e-3, "peak learning rate (AdamW)")
-    weight_decay: float = _opt(0.1, "AdamW weight decay on matrices (never on norm gains or biases)")
-    beta1: float = _opt(0.9, "AdamW beta1")
-    beta2: float = _opt(0.99, "AdamW beta2")
-    grad_clip: float = _opt(1.0, "clip the global gradient norm to this; 0 = off")
-    warmup_iters: int = _opt(100, "linear warmup from 0 to learning_rate over this many iterations")
-    lr_decay_iters: Optional[int] = _opt(None, "cosine decay reaches min_lr here; none = max_iters")
-    min_lr: float = _opt(2e-4, "learning rate at the end of the cosine decay")
-    max_iters: int = _opt(2400, "optimizer steps in total")
+    learning_rate: float = option(2e-3, "peak learning rate (AdamW)")
+    weight_decay: float = option(0.1, "AdamW weight decay on matrices (never on norm gains or biases)")
+    beta1: float = option(0.9, "AdamW beta1")
+    beta2: float = option(0.99, "AdamW beta2")
+    grad_clip: float = option(1.0, "clip the global gradient norm to this; 0 = off")
+    warmup_iters: int = option(100, "linear warmup from 0 to learning_rate over this many iterations")
+    lr_decay_iters: Optional[int] = option(None, "cosine decay reaches min_lr here; none = max_iters")
+    min_lr: float = option(2e-4, "learning rate at the end of the cosine decay")
+    max_iters: int = option(2400, "optimizer steps in total")
     # logging and checkpoints
-    eval_interval: int = _opt(400, "evaluate train/val loss and checkpoint every this many iterations")
-    eval_iters: int = _opt(50, "batches per split in each evaluation")
-    log_interval: int = _opt(10, "write a metrics row every this many iterations")
-    diag_interval: int = _opt(0, "every this many iterations, log per-layer stream RMS, grad norm and "
+    eval_interval: int = option(400, "evaluate train/val loss and checkpoint every this many iterations")
+    eval_iters: int = option(50, "batches per split in each evaluation")
+    log_interval: int = option(10, "write a metrics row every this many iterations")
+    diag_interval: int = option(0, "every this many iterations, log per-layer stream RMS, grad norm and "
                                  "update/weight ratio (babygpt/diagnostics.py); 0 = off")
-    init_from: Literal["scratch", "resume"] = _opt("scratch", "resume continues from out_dir/ckpt.pt")
-    nonfinite: Literal["stop", "skip"] = _opt(
+    init_from: Literal["scratch", "resume"] = option("scratch", "resume continues from out_dir/ckpt.pt")
+    nonfinite: Literal["stop", "skip"] = option(
         "stop", "on a non-finite loss: stop the run (status diverged), or skip that step and go on")
 
     def __post_init__(self):

@@ -8,7 +8,7 @@ Shapes: B batch, T time (positions), C = n_embd, H = n_head, D = C // H, V = voc
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import torch
@@ -17,15 +17,11 @@ import torch.nn.functional as F
 
 from .errors import BabyGPTError, unknown_choice
 from .norms import NORMS, Norm, NormOptions, build_norm, qk_norm_refusal
+from .options import option
 
 PLACEMENTS = ("pre", "post", "sandwich", "deepnorm")  # see the Block docstring
 # Placements whose residual stream reaches the LM head un-normalized: ln_f is on by default for these.
 FINAL_NORM_BY_DEFAULT = ("pre", "sandwich")
-
-
-def _field(default, help: str):
-    """A field with the help text that the command line shows for it (config.py reads it)."""
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass
@@ -33,20 +29,20 @@ class GPTConfig:
     """The model's hyperparameters, declared only here: the training config holds one and
     reads each field's type and help text from this class."""
 
-    vocab_size: int = _field(65, "set from the data's vocabulary")
-    block_size: int = _field(64, "context length in characters")
-    n_layer: int = _field(4, "number of transformer blocks")
-    n_head: int = _field(4, "attention heads per block (must divide n_embd)")
-    n_embd: int = _field(128, "model width")
-    dropout: float = _field(0.0, "dropout probability")
-    bias: bool = _field(True, "biases in Linear layers, and beta in LayerNorm, DyT and BatchNorm")
-    norm_type: str = _field("rmsnorm", "one of: " + ", ".join(NORMS))
-    norm_placement: str = _field("pre", "one of: " + ", ".join(PLACEMENTS))
-    norm_eps: float = _field(1e-5, "epsilon inside every norm")
-    final_norm: Optional[bool] = _field(
+    vocab_size: int = option(65, "set from the data's vocabulary")
+    block_size: int = option(64, "context length in characters")
+    n_layer: int = option(4, "number of transformer blocks")
+    n_head: int = option(4, "attention heads per block (must divide n_embd)")
+    n_embd: int = option(128, "model width")
+    dropout: float = option(0.0, "dropout probability")
+    bias: bool = option(True, "biases in Linear layers, and beta in LayerNorm, DyT and BatchNorm")
+    norm_type: str = option("rmsnorm", "one of: " + ", ".join(NORMS))
+    norm_placement: str = option("pre", "one of: " + ", ".join(PLACEMENTS))
+    norm_eps: float = option(1e-5, "epsilon inside every norm")
+    final_norm: Optional[bool] = option(
         None, "norm before the LM head; none = on for pre/sandwich, off for post/deepnorm")
-    qk_norm: bool = _field(False, "normalize queries and keys per head with norm_type before attention")
-    dyt_alpha_init: float = _field(0.5, "initial alpha of norm_type dyt: y = gamma*tanh(alpha*x)+beta")
+    qk_norm: bool = option(False, "normalize queries and keys per head with norm_type before attention")
+    dyt_alpha_init: float = option(0.5, "initial alpha of norm_type dyt: y = gamma*tanh(alpha*x)+beta")
 
     def __post_init__(self):
         problems = self.problems()

@@ -16,6 +16,8 @@ import glob
 import json
 import os
 
+import torch
+
 from .errors import BabyGPTError
 from .files import atomic_open, write_atomic
 
@@ -31,6 +33,15 @@ def read_json(path: str) -> dict | None:
             return json.load(f)
     except (OSError, ValueError):
         return None
+
+
+def run_record(config: dict, argv: list[str], device, num_params: int, world_size: int) -> dict:
+    """config.json of a new run: the resolved config, the command line, where it runs."""
+    record = {"config": config, "argv": argv, "device": str(device), "torch": torch.__version__,
+              "num_params": num_params, "resumes": []}
+    if world_size > 1:
+        record["world_size"] = world_size
+    return record
 
 
 class RunDir:

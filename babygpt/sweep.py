@@ -10,7 +10,6 @@ run, read from each run's ``summary.json`` and ``config.json``.
 from __future__ import annotations
 
 import csv
-import json
 import os
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from tqdm import tqdm
 from .config import FIELDS, load_config, to_dict, with_resolved_dtype
 from .errors import BabyGPTError
 from .options import option, parse_into
+from .rundir import read_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_PY = os.path.join(ROOT, "train.py")
@@ -62,14 +62,6 @@ def grid(axes: dict[str, list]) -> list[dict]:
     return combos
 
 
-def _read_json(path: str) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
 class Sweep:
     def __init__(self, root: str, runs: list[Run], base_args: list[str] = (), jobs: int = 1):
         names = [r.name for r in runs]
@@ -81,7 +73,7 @@ class Sweep:
         return os.path.join(self.root, "runs", run.name)
 
     def status(self, run: Run) -> str | None:
-        summary = _read_json(os.path.join(self.out_dir(run), "summary.json"))
+        summary = read_json(os.path.join(self.out_dir(run), "summary.json"))
         return summary["status"] if summary else None
 
     def _config_args(self, run: Run) -> list[str]:
@@ -108,7 +100,7 @@ class Sweep:
     def _check_same_settings(self, run: Run) -> None:
         """A run already on disk must have been made with the settings asked for now; otherwise
         its results would be silently mixed into a table that claims other settings."""
-        info = _read_json(os.path.join(self.out_dir(run), "config.json"))
+        info = read_json(os.path.join(self.out_dir(run), "config.json"))
         if info is None:
             return
         wanted = to_dict(with_resolved_dtype(load_config(self._config_args(run))))  # as config.json has it
@@ -138,8 +130,8 @@ class Sweep:
 
     def result(self, run: Run, exit_code: int | None) -> dict:
         out = self.out_dir(run)
-        summary = _read_json(os.path.join(out, "summary.json")) or {}
-        info = _read_json(os.path.join(out, "config.json")) or {}
+        summary = read_json(os.path.join(out, "summary.json")) or {}
+        info = read_json(os.path.join(out, "config.json")) or {}
         row = {"name": run.name, "label": run.label, "seed": run.seed, "exit_code": exit_code,
                "status": summary.get("status", "failed"), "num_params": info.get("num_params"),
                "out_dir": out}

@@ -22,13 +22,12 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from . import distributed
-from .checkpoint import (check_resumable, load_checkpoint, pack_training_state, restore_rng, save_checkpoint,
-                         unpack_training_state)
+from .checkpoint import pack_training_state, restore_rng, resume_training_state, save_checkpoint
 from .config import TrainConfig, to_dict, with_resolved_dtype
 from .data import BatchSampler, CharTokenizer, load_dataset
 from .diagnostics import NO_HOOK, LayerDiagnostics, StepHook
 from .model import GPT, GPTConfig
-from .rundir import RunDir
+from .rundir import RunDir, run_record
 from .runtime import autocast, check_dtype, resolve_device
 from .signals import StopSignals
 from .state import TrainState, finite_or_none
@@ -115,6 +114,18 @@ def seeded_model(model_cfg: GPTConfig, seed: int, device: torch.device, dist: di
     return model
 
 
+def forward_modules(model: GPT, cfg: TrainConfig, device: torch.device, dist: distributed.Dist,
+                    wrap_model: Callable[[nn.Module], nn.Module] | None = None) -> tuple[nn.Module, nn.Module]:
+    """(net, train_net): the module forward passes go through (the model, wrapped by ``wrap_model``,
+    compiled if asked) and the one training calls, which under torchrun adds DDP's gradient averaging."""
+    net = wrap_model(model) if wrap_model else model
+    if cfg.compile:
+        net = compile_or_fall_back(net, cfg, device)
+    if not dist.enabled:
+        return net, net
+    return net, DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
+
+
 class LossWindow:
     """The per-step losses since the last metrics row, left on the device: reading them is a
     host-device sync, made once per row instead of once per step."""
@@ -190,14 +201,8 @@ class Trainer:
         # Loss scaling is needed only for float16 (its narrow exponent range underflows small gradients).
         self.scaler = torch.amp.GradScaler(self.device.type,
                                            enabled=self.device.type == "cuda" and cfg.dtype == "float16")
-        # net: what forward passes go through (the model, wrapped, compiled); training adds DDP.
-        self.net = wrap_model(self.model) if wrap_model else self.model
-        if cfg.compile:
-            self.net = compile_or_fall_back(self.net, cfg, self.device)
-        self._train_net = self.net
-        if self.dist.enabled:
-            self._train_net = DistributedDataParallel(
-                self.net, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        # net: what forward passes go through; _train_net adds DDP's gradient averaging.
+        self.net, self._train_net = forward_modules(self.model, cfg, self.device, self.dist, wrap_model)
         # Measured on rank 0 only: it alone writes metrics.
         self.diagnostics = LayerDiagnostics(self.model) if cfg.diag_interval and self.main else None
         self._clock = 0.0  # perf_counter() at which this run's elapsed time would have been 0
@@ -216,22 +221,6 @@ class Trainer:
             for path in paths:
                 save_checkpoint(ckpt, path)
 
-    def _resume(self) -> int:
-        """Load out_dir/ckpt.pt into the model, optimizer, scaler and state; return its iteration.
-        Every rank reads the file: across nodes, out_dir must be on a shared filesystem."""
-        path = self.run_dir.ckpt
-        ckpt = load_checkpoint(path, map_location="cpu")
-        check_resumable(ckpt, self.model_cfg, self.tok.chars, self.dist.world_size, path)
-        unpack_training_state(ckpt, path, self.model, self.optimizer, self.scaler, self.state, self.dist)
-        return self.state.iter
-
-    def _run_info(self) -> dict:
-        info = {"config": to_dict(self.cfg), "argv": self.argv, "device": str(self.device),
-                "torch": torch.__version__, "num_params": self.model.num_params(), "resumes": []}
-        if self.dist.enabled:
-            info["world_size"] = self.dist.world_size
-        return info
-
     # ------------------------------------------------------------- the loop
 
     def train(self) -> dict:
@@ -239,8 +228,11 @@ class Trainer:
         Writes summary.json and returns it."""
         cfg = self.cfg
         self.run_dir.check(cfg.init_from)  # before anything is written
-        resumed_at = self._resume() if cfg.init_from == "resume" else None
-        self.run_dir.start(self._run_info(), resumed_at)
+        if cfg.init_from == "resume":
+            resume_training_state(self.run_dir.ckpt, self.model_cfg, self.tok.chars, self.model, self.optimizer,
+                                  self.scaler, self.state, self.dist)
+        self.run_dir.start(run_record(to_dict(cfg), self.argv, self.device, self.model.num_params(),
+                                      self.dist.world_size), self.state.iter if cfg.init_from == "resume" else None)
         if self.main:
             ranks = f" x {self.dist.world_size} processes" if self.dist.enabled else ""
             print(f"training on {self.device}{ranks} in {cfg.dtype}, {self.model.num_params() / 1e6:.2f}M "
