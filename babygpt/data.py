@@ -47,8 +47,10 @@ class CharTokenizer:
         unknown = sorted(set(text) - self.stoi.keys())
         if unknown:
             shown = ", ".join(repr(c) for c in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
+            # A prompt file saved with Windows line endings is the usual source of a stray '\r'.
+            crlf = " (for '\\r': save the prompt file with LF line endings)" if "\r" in unknown else ""
             raise BabyGPTError(f"{len(unknown)} character(s) not in the model's vocabulary: {shown}; "
-                               f"remove them from the prompt")
+                               f"remove them from the prompt{crlf}")
         return [self.stoi[c] for c in text]
 
     def decode(self, ids) -> str:

@@ -15,6 +15,13 @@ def test_prompt_file_is_read_byte_for_byte(tmp_path):
     assert read_prompt("plain text") == "plain text"
 
 
+def test_a_crlf_prompt_for_a_model_without_carriage_returns_says_how_to_fix_it():
+    from babygpt.data import CharTokenizer
+
+    with pytest.raises(BabyGPTError, match="save the prompt file with LF line endings"):
+        CharTokenizer(list("ROMEO:\n")).encode("ROMEO:\r\n")
+
+
 def test_sample_options_in_both_spellings():
     a = parse_into(SampleOptions, ["--ckpt", "x.pt", "--temperature", "0", "--no_kv_cache", "--top_k=5"], USAGE)
     b = parse_into(SampleOptions, ["--ckpt=x.pt", "--temperature=0", "--no_kv_cache=true", "--top_k", "5"], USAGE)
