@@ -21,14 +21,14 @@ import types
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from .errors import BabyGPTError
+from .errors import BabyGPTError, Checked
 from .model import GPTConfig
 from .options import Option, convert as convert_value, format_help, option, options_of, parse, unknown_name
 from .runtime import check_dtype, resolve_device, resolve_dtype
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Checked):
     # I/O and hardware
     out_dir: str = option("out/run", "run directory: config.json, metrics.jsonl, ckpt.pt, best.pt")
     data_dir: str = option("data/shakespeare_char", "holds input.txt; train.bin/val.bin/meta.json are made there")
@@ -62,11 +62,6 @@ class TrainConfig:
     init_from: Literal["scratch", "resume"] = option("scratch", "resume continues from out_dir/ckpt.pt")
     nonfinite: Literal["stop", "skip"] = option(
         "stop", "on a non-finite loss: stop the run (status diverged), or skip that step and go on")
-
-    def __post_init__(self):
-        problems = self.problems()
-        if problems:
-            raise BabyGPTError(*problems)
 
     def problems(self) -> list[str]:
         """Problems with the training fields (the model's are GPTConfig's own)."""

@@ -18,6 +18,20 @@ class BabyGPTError(ValueError):
         super().__init__("\n".join(problems))
 
 
+class Checked:
+    """A config dataclass that checks itself on construction: ``problems()`` lists every invalid
+    value, and all of them are raised together in one BabyGPTError. The one validation path of
+    GPTConfig and TrainConfig (and so of every command that builds them)."""
+
+    def __post_init__(self):
+        problems = self.problems()
+        if problems:
+            raise BabyGPTError(*problems)
+
+    def problems(self) -> list[str]:
+        raise NotImplementedError
+
+
 def unknown_choice(kind: str, value, choices) -> str:
     """``unknown norm_type 'rms'; choose one of: layernorm, rmsnorm, none (did you mean 'rmsnorm'?)``"""
     choices = list(choices)

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .errors import BabyGPTError, unknown_choice
+from .errors import Checked, unknown_choice
 from .norms import NORMS, Norm, NormOptions, build_norm, qk_norm_refusal
 from .options import option
 
@@ -25,7 +25,7 @@ FINAL_NORM_BY_DEFAULT = ("pre", "sandwich")
 
 
 @dataclass
-class GPTConfig:
+class GPTConfig(Checked):
     """The model's hyperparameters, declared only here: the training config holds one and
     reads each field's type and help text from this class."""
 
@@ -43,11 +43,6 @@ class GPTConfig:
         None, "norm before the LM head; none = on for pre/sandwich, off for post/deepnorm")
     qk_norm: bool = option(False, "normalize queries and keys per head with norm_type before attention")
     dyt_alpha_init: float = option(0.5, "initial alpha of norm_type dyt: y = gamma*tanh(alpha*x)+beta")
-
-    def __post_init__(self):
-        problems = self.problems()
-        if problems:
-            raise BabyGPTError(*problems)
 
     def problems(self) -> list[str]:
         """Every problem with these fields, one message each, so that all are reported at once."""
