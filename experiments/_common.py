@@ -116,13 +116,27 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def write_report(path: str, title: str, command: str, body: str, started: float) -> None:
+def cpu_name() -> str:
+    """The CPU model, and whether it has AVX-512 bf16 instructions (they decide whether bfloat16
+    is fast or emulated on a CPU); the architecture alone where /proc/cpuinfo is not readable."""
     import platform
 
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            info = f.read()
+    except OSError:
+        return platform.machine()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
+                platform.machine())
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    return f"{name} ({'AVX-512 bf16' if 'avx512_bf16' in flags else 'no AVX-512 bf16'})"
+
+
+def write_report(path: str, title: str, command: str, body: str, started: float) -> None:
     import torch
 
     text = (f"# {title}\n\nCommand: `{command}`\n\n"
-            f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}; "
+            f"Machine: {cpu_name()}, {os.cpu_count()} CPUs, torch {torch.__version__}; "
             f"wall time {time.time() - started:.0f} s\n\n{body}\n")
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
