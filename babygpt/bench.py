@@ -93,7 +93,7 @@ def time_steps(trainer, windows: int, window_iters: int) -> dict:
 
 
 def time_training(cfg: TrainConfig, windows: int = 5, window_iters: int = 10):
-    """Build the run ``cfg`` describes in memory (nothing is written: out_dir is not used) and
+    """Build the run ``cfg`` describes in memory (out_dir is neither checked nor written) and
     time its training step; returns (figures, the Trainer)."""
     from .trainer import Trainer
 

@@ -47,6 +47,19 @@ def run(main, argv: list[str]) -> int:
         return EXIT_SIGNAL_BASE + signal.SIGINT
 
 
+def without_option(argv: list[str], name: str) -> list[str]:
+    """``argv`` without ``--name=value`` or ``--name value``."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == f"--{name}":
+            skip = True
+        elif not arg.startswith(f"--{name}="):
+            out.append(arg)
+    return out
+
+
 def train_main(argv: list[str]) -> int:
     from .config import load_config
     from .trainer import train
@@ -57,7 +70,7 @@ def train_main(argv: list[str]) -> int:
     # Every rank returns the same exit code; only rank 0 (or the only process) speaks.
     say = print if os.environ.get("RANK", "0") == "0" else (lambda *a, **k: None)
     if status == "interrupted":
-        args = shlex.join([*[a for a in argv if not a.startswith("--init_from=")], "--init_from=resume"])
+        args = shlex.join([*without_option(argv, "init_from"), "--init_from=resume"])
         launcher = "torchrun [the same options] train.py" if "world_size" in summary else "python train.py"
         say(f"interrupted by {summary['signal']} at iteration {summary['iter']}; checkpoint saved to "
             f"{out}/ckpt.pt; resume with: {launcher} {args}", file=sys.stderr)

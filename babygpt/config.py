@@ -176,8 +176,10 @@ def build_config(values: dict) -> tuple[TrainConfig, list[str]]:
     except BabyGPTError as e:
         problems += e.problems
         cfg = TrainConfig(model=model)
+    # The machine check reads the values asked for: cfg has defaults where a training field failed.
+    device, dtype = (values.get(k, TRAIN_FIELDS[k].default) for k in ("device", "dtype"))
     try:
-        check_dtype(resolve_device(cfg.device), cfg.dtype)
+        check_dtype(resolve_device(device), dtype)
     except BabyGPTError as e:
         problems += e.problems
     return cfg, problems

@@ -59,6 +59,7 @@ class LayerDiagnostics(StepHook):
         self.model = model
         self.blocks = list(model.blocks)
         self.values: dict[str, list[float]] = {}
+        self._old: list[list[torch.Tensor]] = []  # the weights before the step, between before/after_update
 
     @torch.no_grad()
     def stream(self, idx: torch.Tensor) -> None:
@@ -96,7 +97,7 @@ class LayerDiagnostics(StepHook):
             new = list(block.parameters())
             ratios.append(_flat_norm([n - o for n, o in zip(new, old)]) / _flat_norm(old).clamp_min(1e-12))
         self.values["update_ratio"] = torch.stack(ratios).tolist()
-        del self._old
+        self._old = []
 
     # The StepHook moments, in the order a step reaches them.
     after_backward = stream

@@ -39,12 +39,10 @@ class Dist:
         return self.rank == 0
 
     def train_seed(self, seed: int) -> int:
-        """Each rank draws its own training batches: seed + 2 * rank (even offsets)."""
+        """Each rank draws its own training batches (and dropout masks): seed + 2 * rank. The step
+        of 2 is kept from when eval batches took the odd offsets, so that existing runs resume the
+        same batches."""
         return seed + 2 * self.rank
-
-    def eval_seed(self, seed: int) -> int:
-        """Eval batches use the odd offsets, so they never repeat any rank's training stream."""
-        return seed + 2 * self.rank + 1
 
     def sum(self, t: torch.Tensor) -> torch.Tensor:
         """Sum ``t`` over ranks (in place, returned); the identity for one process."""

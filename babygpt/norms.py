@@ -23,9 +23,9 @@ The contract
   whose keywords fix some options (they take precedence over the options ``build_norm``
   passes). ``build_norm`` is the only way the model constructs a norm.
 
-To add a variant: write a ``Norm`` subclass here with that constructor (resolve the options
-with ``_resolve`` first, set ``mixes_positions`` / ``is_identity`` if they differ from the
-defaults) and add one line to ``NORMS``. If it needs a new option, add a field to
+To add a variant: write a ``Norm`` subclass here with that constructor (apply the overrides
+first, ``options = options.with_overrides(overrides)``; set ``mixes_positions`` / ``is_identity``
+if they differ from the defaults) and add one line to ``NORMS``. If it needs a new option, add a field to
 ``NormOptions`` (with its check in ``NormOptions.problems``), the matching field to
 ``model.GPTConfig`` and one line to ``GPTConfig.norm_options``; nothing else changes. The
 placement x norm_type grid of the tests (tests/conftest.py) reads ``NORMS``, so a new entry
@@ -62,6 +62,11 @@ class NormOptions:
     bias: bool = True
     alpha_init: float = 0.5
 
+    def with_overrides(self, overrides: dict) -> "NormOptions":
+        """These options with ``overrides`` applied (a norm's ``**overrides``, or a partial's
+        keywords); an unknown name is a TypeError, so a misspelt option never goes unnoticed."""
+        return dataclasses.replace(self, **overrides)
+
     def problems(self) -> list[str]:
         """Every invalid option, one message each. The messages name GPTConfig's fields
         (norm_eps, dyt_alpha_init), since those are what a user sets."""
@@ -85,11 +90,6 @@ class Norm(nn.Module):
     mixes_positions = False
     # The output is the input, unchanged (NoNorm): as a query/key norm it would do nothing.
     is_identity = False
-
-
-def _resolve(options: NormOptions, overrides: dict) -> NormOptions:
-    """``options`` with ``overrides`` applied; an unknown name is a TypeError from ``replace``."""
-    return dataclasses.replace(options, **overrides)
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -127,7 +127,7 @@ class LayerNorm(Norm):
 
     def __init__(self, dim: int, options: NormOptions = NormOptions(), **overrides):
         super().__init__()
-        options = _resolve(options, overrides)
+        options = options.with_overrides(overrides)
         self.eps = options.eps
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if options.bias else None
@@ -159,7 +159,7 @@ class RMSNorm(Norm):
 
     def __init__(self, dim: int, options: NormOptions = NormOptions(), **overrides):
         super().__init__()
-        self.eps = _resolve(options, overrides).eps  # no bias by definition, whatever options.bias says
+        self.eps = options.with_overrides(overrides).eps  # no bias by definition, whatever options.bias says
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
@@ -182,7 +182,7 @@ class RMSNormNoParam(Norm):
 
     def __init__(self, dim: int, options: NormOptions = NormOptions(), **overrides):
         super().__init__()
-        self.eps = _resolve(options, overrides).eps  # nothing learnable, so dim is not needed
+        self.eps = options.with_overrides(overrides).eps  # nothing learnable, so dim is not needed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
         return _rms_normalize(x.to(_compute_dtype(x)), self.eps).to(x.dtype)
@@ -205,7 +205,7 @@ class ScaleNorm(Norm):
 
     def __init__(self, dim: int, options: NormOptions = NormOptions(), **overrides):
         super().__init__()
-        self.eps = _resolve(options, overrides).eps  # no beta in ScaleNorm
+        self.eps = options.with_overrides(overrides).eps  # no beta in ScaleNorm
         self.gain = nn.Parameter(torch.tensor(math.sqrt(dim)))  # () scalar g
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
@@ -233,7 +233,7 @@ class DyT(Norm):
 
     def __init__(self, dim: int, options: NormOptions = NormOptions(), **overrides):
         super().__init__()
-        options = _resolve(options, overrides)  # eps unused: nothing is divided
+        options = options.with_overrides(overrides)  # eps unused: nothing is divided
         self.alpha = nn.Parameter(torch.tensor(float(options.alpha_init)))  # () scalar
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if options.bias else None
@@ -269,7 +269,7 @@ class BatchNorm(Norm):
 
     def __init__(self, dim: int, options: NormOptions = NormOptions(), **overrides):
         super().__init__()
-        options = _resolve(options, overrides)
+        options = options.with_overrides(overrides)
         self.eps = options.eps
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if options.bias else None
@@ -309,7 +309,7 @@ class NoNorm(Norm):
 
     def __init__(self, dim: int, options: NormOptions = NormOptions(), **overrides):
         super().__init__()
-        _resolve(options, overrides)  # only to refuse a misspelt override, as every norm does
+        options.with_overrides(overrides)  # only to refuse a misspelt override, as every norm does
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x

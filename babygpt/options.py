@@ -163,7 +163,8 @@ def _to_int(name: str, value, from_cli: bool) -> int:
 def unknown_name(name: str, known, kind: str = "option", dashes: str = "--") -> str:
     """``unknown option '--temp' (did you mean '--temperature'?)``."""
     # An abbreviation (--temp) names its option as surely as a typo does; difflib alone misses it.
-    close = [k for k in known if k.startswith(name)][:1] or difflib.get_close_matches(name, list(known), n=1)
+    close = [k for k in known if k.startswith(name)][:1] or \
+        difflib.get_close_matches(name, list(known), n=1, cutoff=0.5)
     hint = f" (did you mean '{dashes}{close[0]}'?)" if close else "; see --help for the list"
     return f"unknown {kind} '{dashes}{name}'{hint}"
 
@@ -174,10 +175,8 @@ def parse(argv: list[str], options: dict[str, Option], usage: str, *, kind: str 
           dashes: str = "--", help_text: str | None = None) -> tuple[dict, list[str]]:
     """Read ``argv`` against ``options``: ({name: converted value} for what argv sets, problems).
 
-    Raises ShowHelp for -h/--help. ``kind`` and ``dashes`` shape the unknown-name message
-    (train.py says "unknown config key 'lr'")."""
-    if "-h" in argv or "--help" in argv:
-        raise ShowHelp(help_text or format_help(usage, options))
+    Raises ShowHelp for -h/--help in an option's place (not as another option's value).
+    ``kind`` and ``dashes`` shape the unknown-name message (train.py says "unknown config key 'lr'")."""
     named = {n: o for n, o in options.items() if not o.positional}
     positional = [o for o in options.values() if o.positional]
     values: dict = {}
@@ -185,6 +184,8 @@ def parse(argv: list[str], options: dict[str, Option], usage: str, *, kind: str 
     args = list(argv)
     while args:
         arg = args.pop(0)
+        if arg in ("-h", "--help"):
+            raise ShowHelp(help_text or format_help(usage, options))
         if not arg.startswith("-") or arg == "-":
             _take_positional(arg, positional, values, problems, usage)
             continue
@@ -193,18 +194,25 @@ def parse(argv: list[str], options: dict[str, Option], usage: str, *, kind: str 
             problems.append(f"unexpected argument '{arg}'; usage: {usage}")
             continue
         opt = named.get(key)
-        value_follows = bool(args) and not args[0].startswith("--")
-        if not eq and not value_follows and not (opt and opt.is_flag):
-            problems.append(f"malformed argument '{arg}': no value; write --key=value or --key value "
-                            f"(e.g. {arg}=VALUE)")
-            continue
-        if not eq and not (opt and opt.is_flag):
-            text = args.pop(0)  # --key value
+        follows = args[0] if args and not args[0].startswith("--") else None
         if opt is None:
+            if not eq and follows is None:  # nothing to take as its value either
+                problems.append(f"malformed argument '{arg}': {unknown_name(key, named, kind, dashes)}")
+                continue
+            if not eq:
+                args.pop(0)  # its value, so that it is not read as a positional argument
             problems.append(unknown_name(key, named, kind, dashes))
             continue
         if not eq and opt.is_flag:
-            text = "true"  # --flag
+            # --flag alone is true; --flag false (or none, for an optional one) takes the word.
+            spelled = follows is not None and follows.lower() in _TRUE | _FALSE | {"none", "null"}
+            text = args.pop(0) if spelled else "true"
+        elif not eq:
+            if follows is None:
+                problems.append(f"malformed argument '{arg}': no value; write --key=value or --key value "
+                                f"(e.g. {arg}=VALUE)")
+                continue
+            text = args.pop(0)  # --key value
         try:
             value = convert(key, opt.type, text, from_cli=True)
         except ValueError as e:
@@ -230,13 +238,18 @@ def _take_positional(arg: str, positional: list[Option], values: dict, problems:
 
 
 def parse_into(cls, argv: list[str], usage: str, description: str = ""):
-    """An instance of options dataclass ``cls`` read from ``argv``; every problem in one BabyGPTError."""
+    """An instance of options dataclass ``cls`` read from ``argv``. If ``cls`` has a ``problems()``
+    method (checks across options, ranges), it runs on what parsed, and every problem found, in
+    parsing or there, is raised together in one BabyGPTError."""
     options = options_of(cls)
-    values, problems = parse(argv, options, usage,
-                             help_text=format_help(usage, options, description))
+    values, problems = parse(argv, options, usage, help_text=format_help(usage, options, description))
+    missing = [o for o in options.values() if o.required and o.name not in values]
+    args = None if missing else cls(**values)  # options that failed to parse keep their defaults
+    if args is not None and hasattr(args, "problems"):
+        problems += args.problems()
     if problems:
         raise BabyGPTError(*problems)
-    return cls(**values)
+    return args
 
 
 def format_help(usage: str, options: dict[str, Option], description: str = "",

@@ -157,7 +157,7 @@ def save(fig, path: str) -> str:
 class PlotOptions:
     """python -m babygpt.plot's command line."""
 
-    runs: list[str] = option([], "run directories (each with metrics.jsonl)", positional=True, metavar="RUN_DIR...")
+    runs: list[str] = option(help="run directories (each with metrics.jsonl)", positional=True, metavar="RUN_DIR...")
     out: str = option("runs.png", "image to write")
     no_train: bool = option(False, "only the eval val loss")
     diag: bool = option(False, "per-layer diagnostics of one run (diag_interval > 0)")
@@ -167,8 +167,6 @@ class PlotOptions:
 def main(argv: list[str]) -> int:
     args = parse_into(PlotOptions, argv, "python -m babygpt.plot RUN_DIR... [--out FILE] [--diag [--at 100,500]]",
                       "Overlay the loss curves of runs, or draw one run's per-layer diagnostics.")
-    if not args.runs:
-        raise BabyGPTError("no run directory given; usage: python -m babygpt.plot RUN_DIR... [--out FILE]")
     runs = [load_run(d) for d in args.runs]
     if args.diag:
         if len(runs) != 1:

@@ -33,6 +33,14 @@ class SampleOptions:
     device: str = option("auto", "auto, cpu, cuda or mps")
     no_kv_cache: bool = option(False, "recompute the whole context at every step (slower; the same text)")
 
+    def problems(self) -> list[str]:
+        """Values that parsed but cannot be used (top_k is checked against the checkpoint's vocabulary)."""
+        problems = [f"--{name} must be positive, got {getattr(self, name)}"
+                    for name in ("num_samples", "max_new_tokens") if getattr(self, name) <= 0]
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            problems.append(f"--temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+        return problems
+
 
 def load_model(path: str, device: torch.device) -> tuple[GPT, CharTokenizer]:
     """The model and tokenizer stored in a BabyGPT checkpoint, in eval mode."""
@@ -62,12 +70,6 @@ def read_prompt(start: str) -> str:
 def sample_cli(argv: list[str]) -> int:
     """sample.py: read the options, load the checkpoint, stream samples to stdout."""
     args = parse_into(SampleOptions, argv, USAGE, "Sample text from a BabyGPT checkpoint.")
-    problems = [f"--{name} must be positive, got {getattr(args, name)}"
-                for name in ("num_samples", "max_new_tokens") if getattr(args, name) <= 0]
-    if not (math.isfinite(args.temperature) and args.temperature >= 0):
-        problems.append(f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}")
-    if problems:
-        raise BabyGPTError(*problems)
     device = resolve_device(args.device)
     model, tok = load_model(args.ckpt, device)
     if args.top_k is not None and not 1 <= args.top_k <= tok.vocab_size:

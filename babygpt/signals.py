@@ -31,6 +31,10 @@ class StopSignals:
                 signal.signal(s, self._handle)
         return self
 
+    def __exit__(self, *exc):
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
     def agreed(self, dist, compare_now: bool, device: torch.device) -> int | None:
         """The signal to stop on, if any. One process answers at every iteration; under torchrun
         the ranks compare only when ``compare_now`` (at each metrics row: one small all-reduce),
@@ -41,10 +45,6 @@ class StopSignals:
             return None
         flag = dist.max(torch.tensor([float(self.signum or 0)], device=device))
         return int(flag.item()) or None
-
-    def __exit__(self, *exc):
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
 
 
 def signal_name(signum: int | None) -> str | None:

@@ -32,8 +32,9 @@ from .runtime import autocast, check_dtype, resolve_device
 from .signals import StopSignals
 from .state import TrainState, finite_or_none
 
-# Eval windows are drawn from this seed, outside the range of training seeds (seed + 2 * rank,
-# seed < 2**32), so that every run on the same data and block_size scores the same text.
+# Eval windows are drawn from this one seed, so that every run on the same data, block_size and
+# batch_size scores the same text; it lies outside the training seeds (seed + 2 * rank, seed < 2**32),
+# so the train-split windows are never a stretch of some run's own training batches.
 EVAL_SEED = 2**40 + 1
 
 
@@ -58,13 +59,14 @@ def estimate_loss(model: nn.Module, splits: dict, cfg: TrainConfig, device: torc
     model.eval()
     out = {}
     for split, data in splits.items():
-        sampler = BatchSampler(data, cfg.model.block_size, cfg.batch_size, EVAL_SEED, device, split)
+        # Every rank draws every batch on the host (to keep the sequence) and moves only its own.
+        sampler = BatchSampler(data, cfg.model.block_size, cfg.batch_size, EVAL_SEED, "cpu", split)
         total = torch.zeros(2, device=device)  # (sum of batch losses, batches) on this rank
         for k in range(cfg.eval_iters):
-            x, y = sampler.next_batch()  # (B, T) each; drawn on every rank to keep the sequence
+            x, y = sampler.next_batch()  # (B, T) each
             if k % dist.world_size == dist.rank:
                 with autocast(device, cfg.dtype):
-                    total[0] += model(x, y)[1].float()
+                    total[0] += model(x.to(device), y.to(device))[1].float()
                 total[1] += 1
         total = dist.sum(total)
         out[split] = (total[0] / total[1]).item()
@@ -80,7 +82,8 @@ def compile_or_fall_back(model: nn.Module, cfg: TrainConfig, device: torch.devic
     model.eval()
     try:
         with torch.no_grad(), autocast(device, cfg.dtype):
-            compiled(torch.zeros(cfg.batch_size, cfg.model.block_size, dtype=torch.long, device=device))
+            x = torch.zeros(cfg.batch_size, cfg.model.block_size, dtype=torch.long, device=device)
+            compiled(x, x)  # the call training makes: inputs and targets
     except Exception as e:  # e.g. no C++ compiler for the inductor backend
         first_line = (str(e).strip().splitlines() or [""])[0][:200]
         print(f"warning: torch.compile failed ({type(e).__name__}: {first_line}); training eagerly",
@@ -167,8 +170,9 @@ class LossWindow:
 class Trainer:
     """Owns the model, optimizer, data and state of one training run.
 
-    The constructor builds everything in memory and writes nothing; ``train()`` checks and fills
-    the run directory. (bench.py builds a Trainer only to time ``step``.)
+    The constructor builds everything in memory and writes nothing in out_dir (only the data is
+    prepared, if it is missing); ``train()`` checks and fills the run directory. (bench.py builds
+    a Trainer only to time ``step``.)
 
     Under torchrun (see distributed.py) there is one Trainer per rank: each draws its own
     batches, DistributedDataParallel averages the gradients, and only rank 0 writes files
@@ -240,6 +244,7 @@ class Trainer:
         self._clock = time.perf_counter() - self.state.elapsed_s
         if self.state.pending_rng is not None:  # after everything that draws random numbers
             restore_rng(self.state.pending_rng, self.device)
+            self.state.pending_rng = None
         self._train_net.train()
         with StopSignals() as stop:
             status, signum = self._loop(stop)

@@ -58,11 +58,7 @@ class TrainingOptions(DataOptions):
 def parse(cls, argv: list[str], name: str, doc: str):
     """An instance of options dataclass ``cls`` read from ``argv``, checked before anything is
     written; ``doc`` is the script's docstring, whose first line is the --help description."""
-    args = parse_into(cls, argv, f"python experiments/{name}.py [--key=value ...]", doc.splitlines()[0])
-    problems = args.problems()
-    if problems:
-        raise BabyGPTError(*problems)
-    return args
+    return parse_into(cls, argv, f"python experiments/{name}.py [--key=value ...]", doc.splitlines()[0])
 
 
 def placements_option():

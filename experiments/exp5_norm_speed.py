@@ -4,7 +4,7 @@ Isolated: forward and forward+backward time of every norm in babygpt.norms.NORMS
 from-scratch ``formula`` of the classes that have one, and of F.layer_norm and F.rms_norm, over
 widths, dtypes and devices, eager and compiled. End to end: training tokens/s of the default
 model with each norm_type. Writes norm_speed.csv, end_to_end.csv, norm_speed.png (and
-norm_speed_cuda.png on a GPU) and report.md, which holds the measurements (the README discusses them).
+norm_speed_cuda.png on a GPU) and report.md, which holds the measurements (docs/results.md discusses them).
 
     python experiments/exp5_norm_speed.py [--quick] [--out DIR] [--data_dir DIR] [--compile_widths W,W] [--set K=V]
 """

@@ -20,7 +20,8 @@ from conftest import NaNAfter  # noqa: E402  (tests/ is this script's directory)
 dist.init_process_group("gloo")  # owned here, so the Trainer leaves it open for the check below
 cfg = load_config(sys.argv[1:])
 nan_here = os.environ.get("NAN_RANK") == str(dist.get_rank())
-trainer = Trainer(cfg, sys.argv[1:], wrap_model=(lambda m: NaNAfter(m, int(os.environ["NAN_FROM"]))) if nan_here else None)
+poison = (lambda model: NaNAfter(model, int(os.environ["NAN_FROM"]))) if nan_here else None
+trainer = Trainer(cfg, sys.argv[1:], wrap_model=poison)
 summary = trainer.train()
 flat = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
 every = [torch.zeros_like(flat) for _ in range(dist.get_world_size())]

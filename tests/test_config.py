@@ -62,6 +62,22 @@ def test_malformed_argument():
     assert "malformed argument '--max_iters'" in problem and "--key=value" in problem
 
 
+def test_true_false_keys_take_a_spelled_value_after_a_space():
+    cfg = load_config(["--compile", "false", "--final_norm", "none", "--qk_norm", "true", "--bias"])
+    assert (cfg.compile, cfg.model.final_norm, cfg.model.qk_norm, cfg.model.bias) == (False, None, True, True)
+
+
+def test_a_misspelt_key_is_named_with_a_suggestion_wherever_it_stands():
+    for argv in (["--compil"], ["--compil", "--max_iters=5"], ["--compil", "false"]):
+        assert any("did you mean 'compile'" in p for p in problems_of(argv)), argv
+
+
+def test_machine_problems_are_reported_beside_field_problems():
+    problems = problems_of(["--device=cpu", "--dtype=float16", "--batch_size=0"])
+    assert any("float16 is not supported on CPU" in p for p in problems)
+    assert any("batch_size must be a positive integer" in p for p in problems)
+
+
 def test_key_value_with_a_space_and_bare_flags():
     cfg = load_config(["--max_iters", "100", "--compile", "--norm_type", "layernorm", "--bias=false"])
     assert (cfg.max_iters, cfg.compile, cfg.model.norm_type, cfg.model.bias) == (100, True, "layernorm", False)

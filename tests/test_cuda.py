@@ -75,6 +75,7 @@ def test_auto_dtype_tf32_fused_adamw_and_batches_on_cuda(data_dir, tmp_path):
     assert x.is_cuda and y.is_cuda
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_ddp_with_nccl_on_two_gpus(data_dir, tmp_path):
     import subprocess

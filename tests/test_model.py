@@ -21,6 +21,8 @@ CAUSAL_IDS = [f"{p}-{n}" for p, n in CAUSAL_GRID]
 
 
 @pytest.mark.parametrize("placement,norm", GRID, ids=GRID_IDS)
+
+
 def test_initial_loss_is_uniform_guess(placement, norm):
     """At init the logits are near zero, so the loss is close to ln(vocab_size)."""
     cfg = tiny_config(norm_placement=placement, norm_type=norm)
@@ -32,6 +34,8 @@ def test_initial_loss_is_uniform_guess(placement, norm):
 
 
 @pytest.mark.parametrize("placement,norm", CAUSAL_GRID, ids=CAUSAL_IDS)
+
+
 def test_causality(placement, norm):
     """Changing token t+1 never changes the logits at positions <= t."""
     cfg = tiny_config(norm_placement=placement, norm_type=norm)
@@ -47,6 +51,8 @@ def test_causality(placement, norm):
 
 
 @pytest.mark.parametrize("placement,norm", GRID, ids=GRID_IDS)
+
+
 def test_overfits_one_batch(placement, norm):
     # Post-LN with DyT and no final norm: tanh(0.5 x) ~ 0.5 x halves the small stream at each of the
     # 2 * n_layer norms, so the logits start tiny and 60 steps are not enough at the default alpha.
@@ -66,6 +72,8 @@ def test_overfits_one_batch(placement, norm):
 
 
 @pytest.mark.parametrize("placement", ["pre", "post"])
+
+
 def test_param_counts_grow_with_norm_parameters(placement):
     counts = {n: GPT(tiny_config(norm_placement=placement, norm_type=n)).num_params() for n in NORMS}
     assert counts["none"] < counts["rmsnorm"] < counts["layernorm"]
@@ -94,11 +102,15 @@ def test_postln_layernorm_block_outputs_are_normalized():
 
 @pytest.mark.parametrize("placement,expected",
                          [("pre", RMSNorm), ("post", NoNorm), ("sandwich", RMSNorm), ("deepnorm", NoNorm)])
+
+
 def test_final_norm_auto(placement, expected):
     assert isinstance(GPT(tiny_config(norm_placement=placement, norm_type="rmsnorm")).ln_f, expected)
 
 
 @pytest.mark.parametrize("final_norm,expected", [(True, LayerNorm), (False, NoNorm)])
+
+
 def test_final_norm_forced(final_norm, expected):
     cfg = tiny_config(norm_placement="post", norm_type="layernorm", final_norm=final_norm)
     assert isinstance(GPT(cfg).ln_f, expected)
@@ -108,6 +120,8 @@ def test_final_norm_forced(final_norm, expected):
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
+
+
 def test_block_residual_paths(placement):
     """The Block computes exactly the documented formula for its placement."""
     cfg = tiny_config(norm_placement=placement, norm_type="layernorm")
@@ -131,7 +145,6 @@ def test_block_residual_paths(placement):
     assert_close(block(x), expected)
 
 
-
 class _Zeros(torch.nn.Module):
     """Stands in for a sublayer: writes nothing, so the block's output is x plus the other branch."""
 
@@ -140,6 +153,8 @@ class _Zeros(torch.nn.Module):
 
 
 @pytest.mark.parametrize("placement", ["pre", "sandwich"])
+
+
 def test_residual_dropout_keeps_the_branch_unbiased(placement):
     """Averaged over training-mode forwards, what the FFN branch adds to the stream equals what it
     adds in eval. For sandwich this needs the dropout after ln2_out: dropout before a norm is
@@ -159,6 +174,8 @@ def test_residual_dropout_keeps_the_branch_unbiased(placement):
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
+
+
 def test_residual_dropout_acts_on_what_each_branch_writes(placement):
     """The Block's dropout receives each branch's last output (the projection, or the output
     norm for sandwich), and what it returns is what reaches the add."""
@@ -201,6 +218,7 @@ def test_dropout_modules_and_state_dict_keys():
     keys = set(model.state_dict())
     assert {"blocks.0.sa.proj.weight", "blocks.0.ffwd.proj.weight", "blocks.0.ln1.weight"} <= keys
     assert not any("drop" in k for k in keys)
+
 
 def test_attention_matches_manual_causal_softmax():
     cfg = tiny_config()
@@ -257,10 +275,11 @@ def test_generate_sampling_respects_top_k_and_seed():
     ("norm_type", "rms"), ("norm_placement", "middle"), ("dropout", 1.0), ("norm_eps", 0.0),
     ("dyt_alpha_init", 0.0),
 ])
+
+
 def test_invalid_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         tiny_config(**{field: value})
-
 
 
 def test_config_problems_are_reported_together():
@@ -303,6 +322,7 @@ def test_a_registered_partial_fixes_its_keywords_in_the_model(monkeypatch):
     assert all(m.bias is None for m in lns)
     assert model.blocks[0].sa.qkv.bias is not None  # the Linear layers still follow cfg.bias
     model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3)  # norm params recognised as Norm's
+
 
 def test_unknown_norm_type_lists_valid_names():
     with pytest.raises(ValueError) as err:
@@ -365,7 +385,10 @@ def test_gptconfig_defaults_are_valid():
 
 # ------------------------------------------------------------------ KV cache
 
+
 @pytest.mark.parametrize("placement,norm", GRID, ids=GRID_IDS)
+
+
 def test_kv_cache_logits_match_full_forward(placement, norm):
     """Prefill a prompt, then feed one token at a time: every step's logits equal those of a
     full forward pass over the same positions."""
@@ -380,6 +403,8 @@ def test_kv_cache_logits_match_full_forward(placement, norm):
 
 
 @pytest.mark.parametrize("prompt_len,new", [(3, 10), (3, 60), (40, 30)], ids=["short", "past-block", "long-prompt"])
+
+
 def test_kv_cache_sampling_equals_full_recomputation(prompt_len, new):
     """Greedy and seeded sampling give identical tokens with and without the cache, including
     prompts longer than block_size and generation far past it (the window jumps)."""

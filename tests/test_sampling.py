@@ -38,6 +38,21 @@ def test_sample_option_problems_are_reported_together():
     assert "--ckpt is required" in joined
 
 
+def test_sample_range_problems_come_with_the_parsing_ones():
+    with pytest.raises(BabyGPTError) as err:
+        parse_into(SampleOptions, ["--ckpt=x.pt", "--num_samples=0", "--tempx=1", "--temperature=-1"], USAGE)
+    joined = "\n".join(err.value.problems)
+    assert "--num_samples must be positive" in joined and "did you mean '--temperature'" in joined
+    assert "--temperature must be a finite number >= 0" in joined
+
+
+def test_resume_hint_drops_init_from_in_either_spelling():
+    from babygpt.cli import without_option
+
+    argv = ["cfg.py", "--init_from", "scratch", "--max_iters=5", "--init_from=scratch", "--seed", "3"]
+    assert without_option(argv, "init_from") == ["cfg.py", "--max_iters=5", "--seed", "3"]
+
+
 def test_sample_help_lists_every_option():
     with pytest.raises(ShowHelp) as h:
         parse_into(SampleOptions, ["--help"], USAGE)

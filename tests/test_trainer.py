@@ -53,8 +53,8 @@ def test_eval_windows_do_not_depend_on_seed_or_rank(data_dir):
 
     train_data, val_data, _ = load_dataset(data_dir)
     splits = {"val": val_data}
-    a, b = (load_config([*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", "--eval_iters=5", "--dtype=float32", f"--seed={s}"])
-            for s in (0, 1234))
+    a, b = (load_config([*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", "--eval_iters=5", "--dtype=float32",
+                         f"--seed={s}"]) for s in (0, 1234))
     one = eval_windows(a, splits)
     assert len(one) == 5
     for x, y in zip(one, eval_windows(b, splits)):
@@ -63,6 +63,8 @@ def test_eval_windows_do_not_depend_on_seed_or_rank(data_dir):
     assert [len(r) for r in ranks] == [3, 2]  # batches 0, 2, 4 and 1, 3
     for k, x in enumerate(one):
         assert torch.equal(ranks[k % 2][k // 2], x)
+    one_batch = load_config([*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", "--eval_iters=1", "--dtype=float32"])
+    assert len(eval_windows(one_batch, splits, LocalRank(1, 1, 2))) == 0  # rank 1 scores nothing, still sums
     # Training batches come from the run's own seed: never the eval stream.
     train_batch = BatchSampler(val_data, a.model.block_size, a.batch_size, a.seed).next_batch()[0]
     assert not torch.equal(train_batch, one[0])
