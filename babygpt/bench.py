@@ -39,6 +39,11 @@ class BenchOptions:
     window_iters: int = option(10, "optimizer steps per timed window")
     sample_tokens: int = option(500, "new tokens in the sampling benchmark")
 
+    def problems(self) -> list[str]:
+        if min(self.windows, self.window_iters, self.sample_tokens) <= 0:
+            return ["--windows, --window_iters and --sample_tokens must be positive"]
+        return []
+
 
 def sync(device: torch.device) -> None:
     """Wait for the device to finish queued work, so that a timer measures the work (no-op on CPU)."""
@@ -121,8 +126,7 @@ def read_args(argv: list[str]) -> tuple[TrainConfig, BenchOptions]:
     values, extra, problems = parse_train_args(argv, options_of(BenchOptions), USAGE)
     cfg, more = build_config(values)
     opts = BenchOptions(**extra)
-    if min(opts.windows, opts.window_iters, opts.sample_tokens) <= 0:
-        problems.append("--windows, --window_iters and --sample_tokens must be positive")
+    problems += opts.problems()
     if problems + more:
         raise BabyGPTError(*problems, *more)
     return cfg, opts

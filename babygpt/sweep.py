@@ -177,6 +177,25 @@ class SweepOptions:
     jobs: int = option(1, "runs in parallel")
     out: str = option("results/sweep", "sweep directory")
 
+    def axes(self) -> dict[str, list]:
+        """{key: [values]} of the --grid options (well-formed: see problems)."""
+        return {key: [parse_value(v) for v in values.split(",")]
+                for key, _, values in (spec.partition("=") for spec in self.grid)}
+
+    def seed_list(self) -> list[int]:
+        return [int(s) for s in self.seeds.split(",")]
+
+    def problems(self) -> list[str]:
+        problems = [f"malformed --grid '{spec}'; write --grid key=value1,value2"
+                    for spec in self.grid if not spec.partition("=")[2]]
+        if not all(s.strip().lstrip("-").isdigit() for s in self.seeds.split(",")):
+            problems.append(f"--seeds must be comma-separated integers, got '{self.seeds}'")
+        if self.jobs < 1:
+            problems.append(f"--jobs must be at least 1, got {self.jobs}")
+        if self.config and not os.path.isfile(self.config):
+            problems.append(f"config file '{self.config}' not found; check the path")
+        return problems
+
 
 SWEEP_USAGE = "python experiments/sweep.py [CONFIG.py] --grid KEY=V1,V2 [--grid ...] [--seeds 0,1,2] [--out DIR]"
 SWEEP_EXAMPLE = ("example: python experiments/sweep.py config/prenorm_rms.py --grid norm_type=layernorm,rmsnorm "
@@ -186,20 +205,7 @@ SWEEP_EXAMPLE = ("example: python experiments/sweep.py config/prenorm_rms.py --g
 def main(argv: list[str]) -> int:
     args = parse_into(SweepOptions, argv, SWEEP_USAGE,
                       "Run train.py over a grid of config overrides x seeds.\n" + SWEEP_EXAMPLE)
-    axes = {}
-    for spec in args.grid:
-        key, eq, values = spec.partition("=")
-        if not eq or not values:
-            raise BabyGPTError(f"malformed --grid '{spec}'; write --grid key=value1,value2")
-        axes[key] = [parse_value(v) for v in values.split(",")]
-    try:
-        seeds = [int(s) for s in args.seeds.split(",")]
-    except ValueError:
-        raise BabyGPTError(f"--seeds must be comma-separated integers, got '{args.seeds}'") from None
-    if args.jobs < 1:
-        raise BabyGPTError(f"--jobs must be at least 1, got {args.jobs}")
-    if args.config and not os.path.isfile(args.config):
-        raise BabyGPTError(f"config file '{args.config}' not found; check the path")
+    axes, seeds = args.axes(), args.seed_list()
     base = [f"--{s}" for s in args.set]
     runs = [Run(o, seed, args.config) for o in grid(axes) for seed in seeds]
     rows = Sweep(args.out, runs, base, args.jobs).run()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import math
 import random
 import sys
@@ -256,6 +257,11 @@ class Trainer:
         # Only on this normal path: after an exception the other ranks may be inside another
         # collective, and torchrun ends the job when this process exits.
         if self._owns_group:
+            # DDP's reducer holds communication state in reference cycles: free it now, while the
+            # group and the interpreter are alive, rather than at interpreter exit after the group
+            # is gone (where gloo can abort the process).
+            self._train_net = self.net
+            gc.collect()
             distributed.shutdown()
         return summary
 

@@ -181,3 +181,18 @@ def test_exp5_norm_speed_rejects_unmeasured_compile_width(tmp_path):
     proc = run_script("experiments/exp5_norm_speed.py", "--quick", "--compile_widths=100", cwd=tmp_path)
     assert proc.returncode == 2 and "--compile_widths must be among" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "results").exists()
+
+
+def test_sweep_options_report_every_problem_together():
+    from babygpt.options import parse_into
+    from babygpt.sweep import SWEEP_USAGE, SweepOptions
+
+    with pytest.raises(BabyGPTError) as err:
+        parse_into(SweepOptions, ["nope.py", "--grid", "x", "--seeds", "a,1", "--jobs", "0", "--sed=1"], SWEEP_USAGE)
+    joined = "\n".join(err.value.problems)
+    for fragment in ("malformed --grid 'x'", "--seeds must be comma-separated integers", "--jobs must be at least 1",
+                     "config file 'nope.py' not found", "unknown option '--sed' (did you mean '--seeds'?)"):
+        assert fragment in joined
+    ok = parse_into(SweepOptions, ["--grid", "norm_type=layernorm,rmsnorm", "--grid=learning_rate=1e-3",
+                                   "--seeds", "0,1"], SWEEP_USAGE)
+    assert ok.axes() == {"norm_type": ["layernorm", "rmsnorm"], "learning_rate": [1e-3]} and ok.seed_list() == [0, 1]
