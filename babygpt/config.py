@@ -207,12 +207,6 @@ def to_dict(cfg: TrainConfig) -> dict:
     return {**{k: getattr(cfg, k) for k in TRAIN_FIELDS}, **{k: getattr(cfg.model, k) for k in MODEL_FIELDS}}
 
 
-def from_dict(values: dict) -> TrainConfig:
-    """Rebuild a TrainConfig saved by ``to_dict`` (keys this version does not know are dropped)."""
-    model = GPTConfig(**{k: v for k, v in values.items() if k in MODEL_FIELDS})
-    return TrainConfig(model=model, **{k: v for k, v in values.items() if k in TRAIN_FIELDS})
-
-
 def help_text(extra: dict[str, Option] | None = None, usage: str = USAGE) -> str:
     sections = {"positional": {"config": CONFIG_FILE}, "training": TRAIN_FIELDS, "model": MODEL_FIELDS}
     if extra:
