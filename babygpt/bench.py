@@ -11,8 +11,8 @@ Measures, for the model and batch the config describes:
 
 from __future__ import annotations
 
-import json
 import math
+import os
 import resource
 import statistics
 import sys
@@ -24,7 +24,9 @@ import torch
 
 from .config import TrainConfig, build_config, parse_train_args
 from .errors import BabyGPTError
+from .files import output_file_problems
 from .options import option, options_of
+from .rundir import write_json
 from .runtime import DTYPES, autocast
 
 USAGE = "python bench.py [CONFIG.py] [--key=value ...] [--json=PATH] [--windows=N] [--window_iters=N]"
@@ -40,9 +42,10 @@ class BenchOptions:
     sample_tokens: int = option(500, "new tokens in the sampling benchmark")
 
     def problems(self) -> list[str]:
+        problems = output_file_problems(self.json, "--json", ("json",)) if self.json is not None else []
         if min(self.windows, self.window_iters, self.sample_tokens) <= 0:
-            return ["--windows, --window_iters and --sample_tokens must be positive"]
-        return []
+            problems.append("--windows, --window_iters and --sample_tokens must be positive")
+        return problems
 
 
 def sync(device: torch.device) -> None:
@@ -187,8 +190,8 @@ def main(argv: list[str]) -> int:
     result = run_bench(cfg, opts)
     print(format_table(result))
     if opts.json:
-        with open(opts.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
+        os.makedirs(os.path.dirname(os.path.abspath(opts.json)), exist_ok=True)
+        write_json(opts.json, result)
         print(f"wrote {opts.json}")
     return 0 if math.isfinite(result["tokens_per_s"]) else 1
 

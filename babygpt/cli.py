@@ -13,7 +13,8 @@ import signal
 import sys
 import traceback
 
-from .errors import BabyGPTError
+from .errors import BabyGPTError, Interrupted
+from .files import os_error_message
 from .options import ShowHelp
 
 # Exit codes of train.py (sample.py uses 0 and 2 only).
@@ -40,11 +41,32 @@ def run(main, argv: list[str]) -> int:
     except BrokenPipeError:  # e.g. sample.py ... | head: the reader is gone, nothing to report
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
+    except Interrupted as e:  # e.g. a sweep whose runs checkpointed and stopped
+        print(str(e), file=sys.stderr)
+        return EXIT_SIGNAL_BASE + e.signum
     except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves and exits by itself)
         if debug:
             traceback.print_exc()
         print("interrupted", file=sys.stderr)
         return EXIT_SIGNAL_BASE + signal.SIGINT
+    except OSError as e:  # the filesystem refused: a full disk, a read-only directory, a long name
+        message = os_error_message(e, doing="accessing")
+        if message is None or debug:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+    except (MemoryError, RuntimeError) as e:  # an allocation that passed the up-front estimate
+        if not _out_of_memory(e) or debug:
+            raise
+        detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        print(f"error: out of memory ({detail}); reduce batch_size, block_size, n_embd or n_layer", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    text = str(e)
+    return (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+            or "can't allocate memory" in text or "out of memory" in text.lower())
 
 
 def without_option(argv: list[str], name: str) -> list[str]:

@@ -24,7 +24,11 @@ from typing import Literal, Optional
 from .errors import BabyGPTError, Checked
 from .model import GPTConfig
 from .options import Option, convert as convert_value, format_help, option, options_of, parse, unknown_name
+from .resources import memory_problem, training_bytes
 from .runtime import check_dtype, resolve_device, resolve_dtype
+
+
+MAX_LR = 1e3  # beyond any useful learning rate, far below where float32 arithmetic in AdamW overflows
 
 
 @dataclass
@@ -74,8 +78,13 @@ class TrainConfig(Checked):
                 problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.lr_decay_iters is not None and self.lr_decay_iters < self.warmup_iters:
             problems.append(f"lr_decay_iters ({self.lr_decay_iters}) must be >= warmup_iters ({self.warmup_iters})")
-        if not self.learning_rate > 0:
-            problems.append(f"learning_rate must be positive, got {self.learning_rate}")
+        if not 0 < self.learning_rate <= MAX_LR:
+            problems.append(f"learning_rate must be in (0, {MAX_LR:g}], got {self.learning_rate:g}: AdamW moves each "
+                            f"weight by about learning_rate per step, and far larger values overflow inside it")
+        elif self.learning_rate * self.weight_decay >= 1:
+            problems.append(f"learning_rate x weight_decay must be below 1, got {self.learning_rate:g} x "
+                            f"{self.weight_decay:g}: AdamW scales every decayed weight by (1 - their product) "
+                            f"each step; lower one of them")
         if not 0 <= self.min_lr <= self.learning_rate:
             problems.append(f"min_lr ({self.min_lr}) must be between 0 and learning_rate ({self.learning_rate})")
         if not 0 <= self.seed < 2**32:
@@ -113,22 +122,37 @@ def convert(name: str, value, from_cli: bool):
 # ---------------------------------------------------------------- config files and argv
 
 def read_config_file(path: str) -> dict:
-    """Run a config file in a private namespace and return the names it set."""
-    if not os.path.isfile(path):
+    """Run a config file in a private namespace and return the names it set (at least one)."""
+    if not os.path.exists(path):
         raise BabyGPTError(f"config file '{path}' not found; check the path (configs live in config/)")
-    with open(path, encoding="utf-8") as f:
-        source = f.read()
+    if not os.path.isfile(path):
+        raise BabyGPTError(f"config file '{path}' is not a regular file; pass a .py file such as config/prenorm_rms.py")
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+    except UnicodeDecodeError as e:
+        raise BabyGPTError(f"config file '{path}' is not UTF-8 text (bad byte at offset {e.start}); "
+                           f"save it as UTF-8") from None
+    except OSError as e:
+        raise BabyGPTError(f"cannot read config file '{path}': {e.strerror}; check its permissions") from None
     namespace: dict = {"__file__": os.path.abspath(path), "__name__": "__babygpt_config__"}
     try:
         code = compile(source, path, "exec")
-    except SyntaxError as e:
-        raise BabyGPTError(f"config file '{path}' has a syntax error at line {e.lineno}: {e.msg}") from None
+    except (SyntaxError, ValueError) as e:  # ValueError: a NUL byte in the source
+        where = f" at line {e.lineno}: {e.msg}" if isinstance(e, SyntaxError) else f": {e}"
+        raise BabyGPTError(f"config file '{path}' has a syntax error{where}") from None
     try:
         exec(code, namespace)
+    except SystemExit:  # exit() or sys.exit() in a config file must not end the program silently
+        raise BabyGPTError(f"config file '{path}' called exit(); a config file only assigns keys") from None
     except Exception as e:  # the user's file raised; report where, not a traceback
         raise BabyGPTError(f"config file '{path}' failed when run: {type(e).__name__}: {e}") from None
-    return {k: v for k, v in namespace.items()
-            if not k.startswith("_") and not isinstance(v, types.ModuleType)}
+    values = {k: v for k, v in namespace.items()
+              if not k.startswith("_") and not isinstance(v, types.ModuleType)}
+    if not values:  # e.g. JSON or YAML: valid Python (a dict expression, annotations) that binds nothing
+        raise BabyGPTError(f"config file '{path}' sets no keys; a config file is Python with one "
+                           f"assignment per key, e.g. `n_layer = 6` (JSON and YAML are not read)")
+    return values
 
 
 def _file_values(path: str) -> tuple[dict, list[str]]:
@@ -180,9 +204,20 @@ def build_config(values: dict) -> tuple[TrainConfig, list[str]]:
     device, dtype = (values.get(k, TRAIN_FIELDS[k].default) for k in ("device", "dtype"))
     try:
         check_dtype(resolve_device(device), dtype)
+        if not problems:  # sizes known to be valid: would the run fit in memory at all?
+            problems += memory_problems(cfg, resolve_device(device))
     except BabyGPTError as e:
         problems += e.problems
     return cfg, problems
+
+
+def memory_problems(cfg: TrainConfig, device) -> list[str]:
+    """The run refused if even a lower bound of its memory exceeds what ``device`` has free."""
+    m = cfg.model
+    needed = training_bytes(m.n_layer, m.n_embd, m.block_size, m.vocab_size, cfg.batch_size)
+    problem = memory_problem(needed, device, f"training with batch_size={cfg.batch_size}, block_size={m.block_size}, "
+                                             f"n_embd={m.n_embd}, n_layer={m.n_layer}")
+    return [problem] if problem else []
 
 
 def load_config(argv: list[str]) -> TrainConfig:

@@ -178,6 +178,12 @@ def load_dataset(data_dir: str) -> tuple[np.ndarray, np.ndarray, CharTokenizer]:
     if os.path.exists(data_dir) and not os.path.isdir(data_dir):
         raise BabyGPTError(f"data_dir '{data_dir}' is a file, not a directory; pass another --data_dir")
     if not is_prepared(data_dir):
+        existing = os.path.abspath(data_dir)
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not os.access(existing, os.W_OK):  # before downloading anything
+            raise BabyGPTError(f"data_dir '{data_dir}' is not prepared and '{existing}' is read-only to you; "
+                               f"prepare it where you can write (prepare.py --data_dir DIR) and pass --data_dir=DIR")
         print(f"preparing data in {data_dir}")
         prepare(data_dir)
     meta = load_meta(data_dir)

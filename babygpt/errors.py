@@ -18,6 +18,15 @@ class BabyGPTError(ValueError):
         super().__init__("\n".join(problems))
 
 
+class Interrupted(Exception):
+    """A command stopped by SIGINT/SIGTERM after saving what it could; the command line exits
+    128 + ``signum`` with ``message`` (how to continue)."""
+
+    def __init__(self, signum: int, message: str):
+        self.signum = signum
+        super().__init__(message)
+
+
 class Checked:
     """A config dataclass that checks itself on construction: ``problems()`` lists every invalid
     value, and all of them are raised together in one BabyGPTError. The one validation path of

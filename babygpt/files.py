@@ -3,8 +3,35 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
+
+from .errors import BabyGPTError
+
+# What to do about the filesystem errors a user can fix; any other OSError is a bug.
+FIXES = {
+    errno.ENOSPC: "free some disk space",
+    errno.EDQUOT: "free some space within your disk quota",
+    errno.EACCES: "choose a location you can write to, or fix its permissions",
+    errno.EPERM: "choose a location you can write to, or fix its permissions",
+    errno.EROFS: "the filesystem is read-only: choose a location on a writable one",
+    errno.ENAMETOOLONG: "use a shorter name",
+    errno.EISDIR: "that path is a directory: give a file name",
+    errno.ENOTDIR: "a part of that path is a file, not a directory: fix the path",
+    errno.EMFILE: "too many open files: raise the limit (ulimit -n)",
+}
+
+
+def os_error_message(e: OSError, path: str | None = None, doing: str = "writing") -> str | None:
+    """``cannot write 'out/ckpt.pt': No space left on device; free some disk space`` for an error
+    the user can fix, None for any other."""
+    fix = FIXES.get(e.errno)
+    if fix is None:
+        return None
+    where = path or e.filename
+    where = f" '{where}'" if where else ""
+    return f"{doing}{where} failed: {e.strerror or e}; {fix}"
 
 
 def _umask() -> int:
@@ -23,7 +50,10 @@ def atomic_open(path: str):
     any error, the temporary file is removed and ``path`` is untouched.
     """
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix="-" + os.path.basename(path))
+    try:  # the name is capped so that a long file name still leaves room for the prefix
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix="-" + os.path.basename(path)[:100])
+    except OSError as e:
+        raise user_error(e, path) from None
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
         with os.fdopen(fd, "wb") as f:
@@ -36,13 +66,45 @@ def atomic_open(path: str):
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(e, OSError):  # e.g. a full disk: say which file, and that the old one is whole
+            raise user_error(e, path, f" ({path} is unchanged)") from None
         raise
+
+
+def user_error(e: OSError, path: str, note: str = "") -> Exception:
+    """A BabyGPTError naming ``path`` and the fix, for an error the user can fix; ``e`` itself otherwise."""
+    message = os_error_message(e, path)
+    return BabyGPTError(message + note) if message else e
 
 
 def write_atomic(path: str, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically (see atomic_open)."""
     with atomic_open(path) as f:
         f.write(data)
+
+
+def output_file_problems(path: str, option: str, formats: tuple[str, ...] | None = None) -> list[str]:
+    """What would stop a command from writing its result to ``path`` (checked before the work):
+    a directory or a missing extension instead of a file name, a format ``formats`` lacks, a
+    parent that is a file, or a place this user cannot write."""
+    if not path.strip():
+        return [f"{option} is empty; give a file name"]
+    if os.path.isdir(path):
+        return [f"{option} '{path}' is a directory; give a file name inside it"]
+    extension = os.path.splitext(path)[1].lower().lstrip(".")
+    if formats is not None and extension not in formats:
+        what = f"format '.{extension}' is not supported" if extension else "has no extension"
+        return [f"{option} '{path}': {what}; end the name with one of: {', '.join('.' + f for f in formats)}"]
+    if any(len(part.encode()) > 255 for part in os.path.abspath(path).split(os.sep)):
+        return [f"{option} '{path}' has a name longer than 255 bytes; use a shorter name"]
+    ancestor = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        return [f"{option} '{path}' cannot be created: '{ancestor}' is a file; fix the path"]
+    if not os.access(ancestor, os.W_OK):
+        return [f"{option} '{path}' cannot be written: '{ancestor}' is read-only to you; choose another place"]
+    return []

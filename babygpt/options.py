@@ -132,9 +132,12 @@ def convert(name: str, tp, value, from_cli: bool):
         if isinstance(value, bool) or not (from_cli or isinstance(value, (int, float))):
             raise ValueError(f"{name} must be a number, got {value!r}")
         try:
-            return float(value)
-        except ValueError:
-            raise ValueError(f"{name} must be a number, got {value!r}") from None
+            number = float(value)
+        except (ValueError, OverflowError):  # OverflowError: an int beyond float's range
+            raise ValueError(f"{name} must be a finite number, got {str(value)[:40]!r}") from None
+        if not math.isfinite(number):  # nan/inf would pass every range check that follows
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value
@@ -143,6 +146,14 @@ def convert(name: str, tp, value, from_cli: bool):
 
 
 def _to_int(name: str, value, from_cli: bool) -> int:
+    """An integer that fits in 64 bits (the tensors and loops it ends up in overflow beyond)."""
+    number = _parse_int(name, value, from_cli)
+    if not -2**63 <= number < 2**63:
+        raise ValueError(f"{name} must fit in 64 bits (below 2**63), got {number}")
+    return number
+
+
+def _parse_int(name: str, value, from_cli: bool) -> int:
     if isinstance(value, bool):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     if from_cli:

@@ -10,7 +10,6 @@ of each quantity, and its per-layer profile at chosen iterations.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -18,29 +17,18 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .errors import BabyGPTError
+from .files import output_file_problems
+from .rundir import RunDir, read_record
 from .options import option, parse_into
 
 
 def load_run(run_dir: str) -> dict:
     """metrics rows, summary (or {}) and the config.json of a run directory."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.isfile(path):
+    rundir = RunDir(run_dir)
+    if not os.path.isfile(rundir.metrics):
         raise BabyGPTError(f"no metrics.jsonl in '{run_dir}'; pass the out_dir of a training run")
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue  # a row cut short by a kill
-    run = {"dir": run_dir, "metrics": rows, "summary": {}, "info": {}}
-    for key, name in (("summary", "summary.json"), ("info", "config.json")):
-        try:
-            with open(os.path.join(run_dir, name), encoding="utf-8") as f:
-                run[key] = json.load(f)
-        except (OSError, ValueError):
-            pass
-    return run
+    return {"dir": run_dir, "metrics": rundir.metrics_rows(),
+            "summary": read_record(rundir.summary) or {}, "info": read_record(rundir.config) or {}}
 
 
 def series(run: dict, key: str) -> tuple[list[int], list[float]]:
@@ -162,6 +150,16 @@ class PlotOptions:
     no_train: bool = option(False, "only the eval val loss")
     diag: bool = option(False, "per-layer diagnostics of one run (diag_interval > 0)")
     at: Optional[str] = option(None, "with --diag: iterations for the per-layer profiles, e.g. 100,500")
+
+    def problems(self) -> list[str]:
+        return output_file_problems(self.out, "--out", image_formats())
+
+
+def image_formats() -> tuple[str, ...]:
+    """The file extensions matplotlib can write (png, pdf, svg, ...)."""
+    from matplotlib.figure import Figure
+
+    return tuple(sorted(Figure().canvas.get_supported_filetypes()))
 
 
 def main(argv: list[str]) -> int:

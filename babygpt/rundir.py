@@ -5,13 +5,17 @@
   ckpt.pt        the latest state, for --init_from=resume (written at each eval and on interrupt)
   best.pt        the state with the lowest val loss so far, for sampling
   summary.json   how the run ended: finished | diverged | interrupted, losses, iterations, time
+  .lock          held (an OS lock, flock) by the one process training in the directory
 
 Every file but metrics.jsonl (appended to, row by row) is replaced atomically, so a kill at
 any moment leaves loadable files. Under torchrun only rank 0 writes (``writes=False`` elsewhere).
+A run owns its directory through ``RunLock`` from its first check to its end: a second process
+is refused, and the kernel drops the lock when the owner exits, even on SIGKILL.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -19,7 +23,12 @@ import os
 import torch
 
 from .errors import BabyGPTError
-from .files import atomic_open, write_atomic
+from .files import atomic_open, user_error, write_atomic
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; runs are not protected from each other there
+    fcntl = None
 
 
 def write_json(path: str, obj) -> None:
@@ -30,9 +39,95 @@ def read_json(path: str) -> dict | None:
     """The JSON object in ``path``, or None if it is missing or unreadable."""
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            obj = json.load(f)
     except (OSError, ValueError):
         return None
+    return obj if isinstance(obj, dict) else None
+
+
+def read_record(path: str, required: tuple[str, ...] = ()) -> dict | None:
+    """The JSON object in ``path`` (None if there is no such file), refusing a damaged one
+    (not JSON, not an object, or missing a ``required`` key) instead of ignoring it."""
+    if not os.path.exists(path):
+        return None
+    obj = read_json(path)
+    missing = [k for k in required if k not in obj] if obj is not None else []
+    if obj is None or missing:
+        what = f"has no '{missing[0]}'" if missing else "is not a readable JSON object"
+        raise BabyGPTError(f"{path} {what}: it is damaged; restore it, or move the run directory "
+                           f"aside to start that run afresh")
+    return obj
+
+
+class RunLock:
+    """An exclusive, non-blocking flock on ``<directory>/.lock``. The lock belongs to the open
+    file: it ends when the process exits however it ends, so a killed run never leaves it stuck.
+    The file is created once and never written (a refused process changes nothing on disk), nor
+    deleted (that would race with a new owner); the holder's pid is read from /proc/locks."""
+
+    NAME = ".lock"
+
+    def __init__(self, directory: str):
+        self.directory, self.path = directory, os.path.join(directory, self.NAME)
+        self._fd: int | None = None
+
+    def acquire(self) -> int | None:
+        """Take the lock, creating the directory if needed; None once held, or the holder's pid
+        (0 if unknown) if another process has it."""
+        if fcntl is None:
+            return None
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            fd = os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise user_error(e, self.directory) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held through another open file
+            os.close(fd)
+            return _flock_holder(self.path)
+        self._fd = fd
+        return None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the only descriptor drops the flock
+            self._fd = None
+
+    def holder(self) -> int | None:
+        """The pid holding the lock now (0 if unknown), without taking it; None if it is free."""
+        if fcntl is None or not os.path.exists(self.path):
+            return None
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # granted only if nobody holds it exclusively
+            return None
+        except OSError:
+            return _flock_holder(self.path)
+        finally:
+            os.close(fd)
+
+
+def _flock_holder(path: str) -> int:
+    """The pid of the process holding a flock on ``path``, from Linux's /proc/locks
+    (``1: FLOCK ADVISORY WRITE <pid> <major>:<minor>:<inode> 0 EOF``); 0 where unknown."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks", encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return 0
+    device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for fields in (line.split() for line in lines):
+        if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == device and fields[4].isdigit():
+            return int(fields[4])
+    return 0
+
+
+def in_use_message(directory: str, pid: int) -> str:
+    holder = f"process {pid}" if pid else "another process"
+    return (f"out_dir '{directory}' is in use by {holder}, which is training there; wait for it to end "
+            f"(or stop it), or choose another --out_dir (nothing was changed)")
 
 
 def run_record(config: dict, argv: list[str], device, num_params: int, world_size: int) -> dict:
@@ -44,6 +139,24 @@ def run_record(config: dict, argv: list[str], device, num_params: int, world_siz
     return record
 
 
+@contextlib.contextmanager
+def owned(directory: str, dist, device: torch.device):
+    """Hold ``directory``'s RunLock for the block, or refuse with the holder's pid. Under torchrun
+    rank 0 takes it for the whole job, and every rank learns its answer, so that all refuse together."""
+    lock = RunLock(directory)
+    holder = lock.acquire() if dist.is_main else None
+    if dist.enabled:  # (holder pid + 1) or 0 from rank 0, 0 from the others
+        code = torch.tensor([0 if holder is None else holder + 1], dtype=torch.long, device=device)
+        holder = int(dist.sum(code).item()) - 1
+        holder = None if holder < 0 else holder
+    if holder is not None:
+        raise BabyGPTError(in_use_message(directory, holder))
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 class RunDir:
     def __init__(self, path: str, writes: bool = True):
         self.path, self.writes = path, writes
@@ -53,18 +166,28 @@ class RunDir:
         self.config = os.path.join(path, "config.json")
         self.summary = os.path.join(path, "summary.json")
 
+    def check_not_in_use(self) -> None:
+        """Refuse a directory another process is training in (checked first: it is the reason)."""
+        holder = RunLock(self.path).holder() if os.path.isdir(self.path) else None
+        if holder is not None:
+            raise BabyGPTError(in_use_message(self.path, holder))
+
     def check(self, init_from: str) -> None:
         """Refuse, before anything is written, an out_dir that would lose data or cannot work."""
         if not self.path.strip():
             raise BabyGPTError("out_dir is empty; pass --out_dir=DIR")
         if os.path.exists(self.path) and not os.path.isdir(self.path):
             raise BabyGPTError(f"out_dir '{self.path}' is a file, not a directory; choose another --out_dir")
+        _check_name_lengths(self.path)
         ancestor = os.path.abspath(self.path)
         while not os.path.exists(ancestor):
             ancestor = os.path.dirname(ancestor)
         if not os.path.isdir(ancestor):
             raise BabyGPTError(f"out_dir '{self.path}' cannot be created: '{ancestor}' is a file; "
                                f"choose another --out_dir")
+        if not os.access(ancestor, os.W_OK):
+            raise BabyGPTError(f"out_dir '{self.path}' is not writable ('{ancestor}' is read-only to you); "
+                               f"choose another --out_dir or fix its permissions")
         # A run that wrote any checkpoint or summary is kept; a directory with only the logs of a
         # run killed before its first checkpoint may be reused.
         if init_from == "scratch" and any(os.path.exists(p) for p in (self.ckpt, self.best, self.summary)):
@@ -73,6 +196,9 @@ class RunDir:
         if init_from == "resume" and not os.path.exists(self.ckpt):
             raise BabyGPTError(f"cannot resume: no checkpoint at {self.ckpt}; train from scratch first "
                                f"(drop --init_from=resume) or point --out_dir at an existing run")
+        if init_from == "resume":  # damaged records are refused now, not replaced at start()
+            read_record(self.config, ("config",))
+            self.metrics_rows()
 
     def start(self, info: dict, resumed_at: int | None) -> None:
         """Create the directory and record this start in config.json: ``info`` for a new run; for
@@ -86,23 +212,34 @@ class RunDir:
         self._truncate_metrics(-1 if resumed_at is None else resumed_at)
         record = info
         if resumed_at is not None:
-            record = read_json(self.config) or {**info, "resumes": []}
+            record = read_record(self.config) or {**info, "resumes": []}
             record.setdefault("resumes", []).append(
                 {"iter": resumed_at, "argv": info["argv"], "config": info["config"]})
         write_json(self.config, record)
 
+    def metrics_rows(self) -> list[dict]:
+        """The rows of metrics.jsonl. Only its last line may be cut short (by a kill mid-append):
+        that one is dropped; any other unreadable line means the file is damaged."""
+        if not os.path.exists(self.metrics):
+            return []
+        with open(self.metrics, "rb") as f:
+            lines = f.read().split(b"\n")
+        rows = []
+        for number, line in enumerate(lines, 1):
+            try:
+                row = json.loads(line)
+                if not isinstance(row.get("iter"), int):
+                    raise ValueError
+                rows.append(row)
+            except (ValueError, AttributeError):
+                if line.strip() and number < len(lines):
+                    raise BabyGPTError(f"{self.metrics} line {number} is not a metrics row: the file is "
+                                       f"damaged; repair or delete that line, then resume") from None
+        return rows
+
     def _truncate_metrics(self, last_iter: int) -> None:
         """Keep only the metrics rows up to ``last_iter``; a row cut short by a kill is dropped too."""
-        rows = []
-        if os.path.exists(self.metrics):
-            with open(self.metrics, encoding="utf-8") as f:
-                for line in f:
-                    try:
-                        row = json.loads(line)
-                    except ValueError:
-                        continue
-                    if row["iter"] <= last_iter:
-                        rows.append(line if line.endswith("\n") else line + "\n")
+        rows = [json.dumps(row) + "\n" for row in self.metrics_rows() if row["iter"] <= last_iter]
         with atomic_open(self.metrics) as f:
             f.write("".join(rows).encode())
 
@@ -110,12 +247,33 @@ class RunDir:
         """Append one metrics row; with ``sync``, it reaches the disk before anything written after it."""
         if not self.writes:
             return
-        with open(self.metrics, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
-            if sync:  # eval rows reach the disk before the checkpoint that follows them
-                f.flush()
-                os.fsync(f.fileno())
+        try:
+            with open(self.metrics, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+                if sync:  # eval rows reach the disk before the checkpoint that follows them
+                    f.flush()
+                    os.fsync(f.fileno())
+        except OSError as e:  # e.g. the disk filled up: the checkpoints written so far are whole
+            raise user_error(e, self.metrics) from None
+
+    def finished_summary(self, at_iter: int) -> dict | None:
+        """summary.json if it records this run finished at ``at_iter``, else None."""
+        summary = read_record(self.summary, ("status",))
+        return summary if summary and summary["status"] == "finished" and summary.get("iter") == at_iter else None
 
     def write_summary(self, summary: dict) -> None:
         if self.writes:
             write_json(self.summary, summary)
+
+
+def _check_name_lengths(path: str) -> None:
+    """Refuse a path the filesystem cannot hold (a name over NAME_MAX bytes, 255 on most)."""
+    limit = 255
+    try:
+        limit = os.pathconf(".", "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        pass
+    for part in os.path.abspath(path).split(os.sep):
+        if len(part.encode()) > limit:
+            raise BabyGPTError(f"out_dir '{path}' has a name of {len(part.encode())} bytes, longer than the "
+                               f"filesystem's limit of {limit}; choose a shorter --out_dir")

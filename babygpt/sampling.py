@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from .data import CharTokenizer
 from .errors import BabyGPTError
 from .model import GPT, GPTConfig
 from .options import option, parse_into
+from .resources import check_fits, inference_bytes
 from .runtime import resolve_device
 
 USAGE = "python sample.py --ckpt PATH [--start TEXT|FILE:path] [--key value ...] [--debug]"
@@ -45,25 +47,51 @@ class SampleOptions:
 def load_model(path: str, device: torch.device) -> tuple[GPT, CharTokenizer]:
     """The model and tokenizer stored in a BabyGPT checkpoint, in eval mode."""
     ckpt = load_checkpoint(path, map_location=device)
-    try:
-        model = GPT(GPTConfig(**ckpt["model_config"]))
+    with _damaged(path):
+        cfg = GPTConfig(**ckpt["model_config"])
+    # Before building it: a damaged or hostile file may describe a model no machine can hold.
+    check_fits(inference_bytes(cfg.n_layer, cfg.n_embd, cfg.block_size, cfg.vocab_size), device,
+               f"the model in '{path}' (n_layer={cfg.n_layer}, n_embd={cfg.n_embd})",
+               "use a checkpoint of a smaller model, or a machine with more memory")
+    with _damaged(path):
+        model = GPT(cfg)
         model.load_state_dict(ckpt["model"])
         tok = CharTokenizer(ckpt["vocab"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:
-        raise BabyGPTError(f"'{path}' is damaged or from an incompatible version "
-                           f"({type(e).__name__}: {str(e).splitlines()[0][:120]}); use another checkpoint") from None
     return model.to(device).eval(), tok
 
 
+@contextlib.contextmanager
+def _damaged(path: str):
+    """Report what a checkpoint's contents break as one error naming the file."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise BabyGPTError(f"'{path}' is damaged or from an incompatible version "
+                           f"({type(e).__name__}: {str(e).splitlines()[0][:120]}); use another checkpoint") from None
+
+
+# A prompt longer than this is a mistake (the model sees its last block_size characters only),
+# and reading stops there: FILE:/dev/zero must not fill the memory.
+MAX_PROMPT_BYTES = 1 << 20
+
+
 def read_prompt(start: str) -> str:
-    """``--start`` text, or the contents of the file named by ``FILE:path``."""
+    """``--start`` text, or the contents of the file named by ``FILE:path`` (at most 1 MiB)."""
     if start.startswith("FILE:"):
         path = start[len("FILE:"):]
-        try:  # newline="": the prompt reaches the model byte for byte (CRLF stays CRLF)
-            with open(path, encoding="utf-8", newline="") as f:
-                return f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise BabyGPTError(f"cannot read prompt file '{path}' ({type(e).__name__}); check the path") from None
+        try:
+            with open(path, "rb") as f:
+                data = f.read(MAX_PROMPT_BYTES + 1)
+        except OSError as e:
+            raise BabyGPTError(f"cannot read prompt file '{path}' ({e.strerror}); check the path") from None
+        if len(data) > MAX_PROMPT_BYTES:
+            raise BabyGPTError(f"prompt file '{path}' is longer than {MAX_PROMPT_BYTES >> 20} MiB; "
+                               f"the model reads only its last characters: pass a shorter prompt")
+        try:  # decoded as is: the prompt reaches the model byte for byte (CRLF stays CRLF)
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise BabyGPTError(f"prompt file '{path}' is not UTF-8 text (bad byte at offset {e.start}); "
+                               f"save it as UTF-8") from None
     return start
 
 

@@ -5,14 +5,23 @@ Each run gets its own ``out_dir`` under ``<root>/runs/<name>`` and a log under
 is not run again, and one that was killed resumes from its checkpoint, so a killed
 sweep picks up where it stopped when started again. ``results.csv`` collects one row per
 run, read from each run's ``summary.json`` and ``config.json``.
+
+Before any run starts, every run's settings are checked (as train.py would check them) along
+with what is already on disk: damaged records, runs made with other settings, and run
+directories still held by a live train.py (e.g. one orphaned by a sweep that was killed).
+SIGINT or SIGTERM to the sweep is passed on to the runs in progress, which checkpoint and stop;
+no new run starts, and the sweep exits 130 or 143. Run it again to resume.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import os
+import signal
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Optional
@@ -20,13 +29,15 @@ from typing import Optional
 from tqdm import tqdm
 
 from .config import FIELDS, load_config, to_dict, with_resolved_dtype
-from .errors import BabyGPTError
+from .errors import BabyGPTError, Interrupted
 from .options import option, parse_into
-from .rundir import read_json
+from .rundir import RunDir, RunLock, read_json, read_record
+from .signals import signal_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_PY = os.path.join(ROOT, "train.py")
 DONE = ("finished", "diverged")
+MAX_NAME = 200  # bytes of a run's directory name; longer names are cut and given a hash
 COLUMNS = ["name", "seed", "status", "exit_code", "diverged_at", "first_nonfinite_at", "iter",
            "final_train_loss", "final_val_loss", "best_val_loss", "wall_time_s", "num_params", "out_dir"]
 
@@ -51,7 +62,11 @@ class Run:
         if self.config:
             parts.insert(0, os.path.splitext(os.path.basename(self.config))[0])
         self.label = self.label or ",".join(parts) or "default"
-        self.name = "__".join([*parts, f"seed={self.seed}"]).replace("/", "_")
+        name = "__".join([*parts, f"seed={self.seed}"]).replace("/", "_")
+        if len(name.encode()) > MAX_NAME:  # a directory name must fit the filesystem (255 bytes)
+            digest = hashlib.sha1(name.encode()).hexdigest()[:12]
+            name = name.encode()[:MAX_NAME - 32].decode(errors="ignore") + f"__{digest}__seed={self.seed}"
+        self.name = name
 
 
 def grid(axes: dict[str, list]) -> list[dict]:
@@ -68,13 +83,16 @@ class Sweep:
         if len(set(names)) != len(names):
             raise BabyGPTError("the sweep lists the same run twice")
         self.root, self.runs, self.base_args, self.jobs = root, runs, list(base_args), jobs
+        self._stop: int | None = None  # the signal the sweep was asked to stop by
+        self._children: dict[int, subprocess.Popen] = {}  # pid -> running train.py
+        self._signalled: dict[int, object] = {}  # pids already sent the stop signal (once each)
 
     def out_dir(self, run: Run) -> str:
         return os.path.join(self.root, "runs", run.name)
 
     def status(self, run: Run) -> str | None:
         summary = read_json(os.path.join(self.out_dir(run), "summary.json"))
-        return summary["status"] if summary else None
+        return summary.get("status") if summary else None
 
     def _config_args(self, run: Run) -> list[str]:
         """[CONFIG.py] --key=value ... : the run's settings, without where it runs."""
@@ -88,42 +106,113 @@ class Sweep:
         return [sys.executable, TRAIN_PY, *self._config_args(run), f"--out_dir={out}",
                 f"--init_from={'resume' if resume else 'scratch'}"]
 
-    def _execute(self, run: Run) -> int:
-        os.makedirs(os.path.join(self.root, "logs"), exist_ok=True)
-        env = dict(os.environ)
-        if self.jobs > 1:  # share the cores instead of oversubscribing them
-            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.jobs)))
-        with open(os.path.join(self.root, "logs", run.name + ".log"), "a", encoding="utf-8") as log:
-            return subprocess.run(self._command(run), stdout=log, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, env=env).returncode
+    # ------------------------------------------------------------- checks before any run starts
 
-    def _check_same_settings(self, run: Run) -> None:
+    def check(self, on_disk: bool = True) -> None:
+        """Every problem that would make a run fail or mix wrong results into the table, found
+        before anything runs: bad keys or values (as train.py would report them, once each), and
+        (``on_disk``) damaged or foreign records, and run directories a live process holds."""
+        problems: list[str] = []
+        for run in self.runs:
+            try:
+                wanted = load_config(self._config_args(run))
+                if on_disk:
+                    self._check_on_disk(run, wanted)
+            except BabyGPTError as e:
+                problems += [p for p in e.problems if p not in problems]
+        if problems:
+            raise BabyGPTError(*problems)
+
+    def _check_on_disk(self, run: Run, wanted) -> None:
+        out = self.out_dir(run)
+        if not os.path.isdir(out):
+            return
+        holder = RunLock(out).holder()
+        if holder is not None:
+            raise BabyGPTError(f"{out} is being trained by process {holder or '(unknown)'}, not by this sweep "
+                               f"(left running by a sweep that was killed?); wait for it or stop it, then "
+                               f"run the sweep again")
+        rundir = RunDir(out)
+        read_record(rundir.summary, ("status",))
+        info = read_record(rundir.config, ("config",))
+        if os.path.exists(rundir.ckpt):
+            rundir.check("resume")  # a resumable run: its metrics must be readable too
+        if info is not None:
+            self._check_same_settings(run, info, to_dict(with_resolved_dtype(wanted)))
+
+    def _check_same_settings(self, run: Run, info: dict, wanted: dict) -> None:
         """A run already on disk must have been made with the settings asked for now; otherwise
         its results would be silently mixed into a table that claims other settings."""
-        info = read_json(os.path.join(self.out_dir(run), "config.json"))
-        if info is None:
-            return
-        wanted = to_dict(with_resolved_dtype(load_config(self._config_args(run))))  # as config.json has it
-        had = (info.get("resumes") or [info])[-1]["config"]  # the settings of its latest start
+        latest = (info.get("resumes") or [info])[-1]  # the settings of its latest start
+        had = latest.get("config") if isinstance(latest, dict) else None
+        if not isinstance(had, dict):
+            raise BabyGPTError(f"{self.out_dir(run)}/config.json is damaged (no settings in its last resume "
+                               f"record); move that run directory aside to run it again")
         diffs = [k for k in wanted if k not in ("out_dir", "init_from") and had.get(k) != wanted[k]]
         if diffs:
             shown = ", ".join(f"{k}={had.get(k)!r} there, {wanted[k]!r} now" for k in diffs[:4])
             raise BabyGPTError(f"{self.out_dir(run)} was run with other settings ({shown}); "
                                f"use another --out, or delete that directory to run it again")
 
+    # ------------------------------------------------------------- running
+
+    def _execute(self, run: Run) -> int | None:
+        """Run one train.py to its end; None if the sweep was stopped before it started."""
+        if self._stop:
+            return None
+        os.makedirs(os.path.join(self.root, "logs"), exist_ok=True)
+        env = dict(os.environ)
+        if self.jobs > 1:  # share the cores instead of oversubscribing them
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.jobs)))
+        with open(os.path.join(self.root, "logs", run.name + ".log"), "a", encoding="utf-8") as log:
+            # Its own session: a Ctrl-C in the terminal reaches the sweep only, which passes it on
+            # once (a second signal would make train.py die at once, without its checkpoint).
+            child = subprocess.Popen(self._command(run), stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+            self._children[child.pid] = child
+            try:
+                if self._stop:  # the signal came while it was starting
+                    self._pass_on(child, self._stop)
+                return child.wait()
+            finally:
+                del self._children[child.pid]
+
+    def _pass_on(self, child: subprocess.Popen, signum: int) -> None:
+        """Send ``signum`` to ``child`` unless it was sent one already (by the handler or by the
+        worker thread that started it: setdefault decides atomically which of them sends)."""
+        token = object()
+        if self._signalled.setdefault(child.pid, token) is token and child.poll() is None:
+            child.send_signal(signum)
+
+    def _on_signal(self, signum, frame) -> None:
+        self._stop = self._stop or signum
+        for child in list(self._children.values()):
+            self._pass_on(child, self._stop)
+
     def run(self, progress: bool = True) -> list[dict]:
-        """Run what is not done yet, then write and return the results rows."""
-        for run in self.runs:
-            self._check_same_settings(run)
+        """Check everything, run what is not done yet, then write and return the results rows.
+        Raises Interrupted (after the runs in progress have checkpointed) on SIGINT/SIGTERM."""
+        self.check()
         todo = [r for r in self.runs if self.status(r) not in DONE]
         codes: dict[str, int] = {}
-        with tqdm(total=len(self.runs), initial=len(self.runs) - len(todo), desc="runs", unit="run",
-                  disable=not progress, dynamic_ncols=True) as bar:
-            with ThreadPoolExecutor(max_workers=self.jobs) as pool:
-                for run, code in zip(todo, pool.map(self._execute, todo)):
-                    codes[run.name] = code
-                    bar.update(1)
-                    bar.set_postfix_str(f"{run.name}: {self.status(run) or f'exit {code}'}")
+        handling = threading.current_thread() is threading.main_thread()
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)} if handling else {}
+        try:
+            with tqdm(total=len(self.runs), initial=len(self.runs) - len(todo), desc="runs", unit="run",
+                      disable=not progress, dynamic_ncols=True) as bar:
+                with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+                    for run, code in zip(todo, pool.map(self._execute, todo)):
+                        if code is not None:
+                            codes[run.name] = code
+                            bar.update(1)
+                            bar.set_postfix_str(f"{run.name}: {self.status(run) or f'exit {code}'}")
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        if self._stop:
+            stopped = sum(1 for code in codes.values() if code == 128 + self._stop)
+            raise Interrupted(self._stop, f"sweep stopped by {signal_name(self._stop)}: {stopped} run(s) in "
+                                          f"progress saved a checkpoint; run the same command again to resume")
         rows = [self.result(r, codes.get(r.name)) for r in self.runs]
         self.write_csv(rows)
         return rows

@@ -28,7 +28,7 @@ from .config import TrainConfig, to_dict, with_resolved_dtype
 from .data import BatchSampler, CharTokenizer, load_dataset
 from .diagnostics import NO_HOOK, LayerDiagnostics, StepHook
 from .model import GPT, GPTConfig
-from .rundir import RunDir, run_record
+from .rundir import RunDir, owned, run_record
 from .runtime import autocast, check_dtype, resolve_device
 from .signals import StopSignals
 from .state import TrainState, finite_or_none
@@ -229,13 +229,29 @@ class Trainer:
     # ------------------------------------------------------------- the loop
 
     def train(self) -> dict:
-        """Run until max_iters, a non-finite loss (nonfinite=stop) or SIGINT/SIGTERM.
-        Writes summary.json and returns it."""
+        """Run until max_iters, a non-finite loss (nonfinite=stop) or SIGINT/SIGTERM, owning
+        out_dir all along (a second process is refused). Writes summary.json and returns it."""
+        with owned(self.run_dir.path, self.dist, self.device):
+            summary = self._train()
+        # Only on this normal path: after an exception the other ranks may be inside another
+        # collective, and torchrun ends the job when this process exits.
+        if self._owns_group:
+            # DDP's reducer holds communication state in reference cycles: free it now, while the
+            # group and the interpreter are alive, rather than at interpreter exit after the group
+            # is gone (where gloo can abort the process).
+            self._train_net = self.net
+            gc.collect()
+            distributed.shutdown()
+        return summary
+
+    def _train(self) -> dict:
         cfg = self.cfg
-        self.run_dir.check(cfg.init_from)  # before anything is written
+        self.run_dir.check(cfg.init_from)  # before anything is written, and under the lock
         if cfg.init_from == "resume":
             resume_training_state(self.run_dir.ckpt, self.model_cfg, self.tok.chars, self.model, self.optimizer,
                                   self.scaler, self.state, self.dist)
+            if self.state.iter >= cfg.max_iters:  # e.g. killed after its last checkpoint: it is complete
+                return self._complete()
         self.run_dir.start(run_record(to_dict(cfg), self.argv, self.device, self.model.num_params(),
                                       self.dist.world_size), self.state.iter if cfg.init_from == "resume" else None)
         if self.main:
@@ -250,20 +266,22 @@ class Trainer:
         with StopSignals() as stop:
             status, signum = self._loop(stop)
         self.state.elapsed_s = self._elapsed()
-        summary = self.state.summary(status, cfg.max_iters, signum)
+        return self._write_summary(status, signum)
+
+    def _write_summary(self, status: str, signum: int | None) -> dict:
+        summary = self.state.summary(status, self.cfg.max_iters, signum)
         if self.dist.enabled:
             summary["world_size"] = self.dist.world_size
         self.run_dir.write_summary(summary)
-        # Only on this normal path: after an exception the other ranks may be inside another
-        # collective, and torchrun ends the job when this process exits.
-        if self._owns_group:
-            # DDP's reducer holds communication state in reference cycles: free it now, while the
-            # group and the interpreter are alive, rather than at interpreter exit after the group
-            # is gone (where gloo can abort the process).
-            self._train_net = self.net
-            gc.collect()
-            distributed.shutdown()
         return summary
+
+    def _complete(self) -> dict:
+        """A resume with nothing left to train: the finished run's files stay as they are (only a
+        run killed between its last checkpoint and its summary gets the summary it lacks)."""
+        if self.main:
+            print(f"{self.run_dir.ckpt} is already at iteration {self.state.iter} (max_iters {self.cfg.max_iters}): "
+                  f"nothing to train; pass a larger --max_iters to continue", file=sys.stderr)
+        return self.run_dir.finished_summary(self.state.iter) or self._write_summary("finished", None)
 
     def _loop(self, stop: StopSignals) -> tuple[str, int | None]:
         """Train until done; returns (status, the signal stopped on)."""
@@ -271,11 +289,6 @@ class Trainer:
         if cfg.init_from == "scratch":
             if not self._evaluate_and_checkpoint({"iter": 0, "loss": None, "lr": lr_at(0, cfg), "tokens_per_s": None}):
                 return "diverged", None
-        elif state.iter >= cfg.max_iters:  # e.g. killed after its last checkpoint: it is complete
-            if self.main:
-                print(f"{self.run_dir.ckpt} is already at iteration {state.iter} (max_iters {cfg.max_iters}): "
-                      f"nothing to train; pass a larger --max_iters to continue", file=sys.stderr)
-            return "finished", None
         window = LossWindow(cfg.batch_size * cfg.model.block_size * cfg.gradient_accumulation_steps
                             * self.dist.world_size)
         with tqdm(total=cfg.max_iters, initial=state.iter, disable=None if self.main else True,
@@ -390,5 +403,7 @@ class Trainer:
 def train(cfg: TrainConfig, argv: list[str] | None = None) -> dict:
     """Train per ``cfg``; returns the run's summary (also written to out_dir/summary.json).
     The run directory is checked first, so a refused run writes nothing (not even prepared data)."""
-    RunDir(cfg.out_dir).check(cfg.init_from)
+    run_dir = RunDir(cfg.out_dir)
+    run_dir.check_not_in_use()
+    run_dir.check(cfg.init_from)
     return Trainer(cfg, argv).train()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+import shutil
+import signal
 import statistics
 import sys
 import time
@@ -14,9 +17,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from babygpt.cli import run  # noqa: E402
-from babygpt.errors import BabyGPTError, unknown_choice  # noqa: E402
+from babygpt.errors import BabyGPTError, Interrupted, unknown_choice  # noqa: E402
 from babygpt.model import PLACEMENTS  # noqa: E402
 from babygpt.options import option, parse_into  # noqa: E402
+from babygpt.rundir import read_json, write_json  # noqa: E402
 
 # Training budgets (model shape, context, batch, iterations) of the experiments. Default mode
 # is sized so that each experiment stays within about 15 minutes on a 2-core CPU; quick mode
@@ -33,8 +37,10 @@ QUICK_BUDGET = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "batc
 class Options:
     """The options of every experiment; each script subclasses this with its own."""
 
-    quick: bool = option(False, "a tiny version that only checks the pipeline")
-    out: Optional[str] = option(None, "output directory (default: results/<experiment>)")
+    quick: bool = option(False, "a tiny version that only checks the pipeline (writes to results/quick/)")
+    out: Optional[str] = option(None, "output directory (default: results/<experiment>, "
+                                      "results/<tier>/<experiment> for another tier)")
+    overwrite: bool = option(False, "replace what --out holds even if it was made with other settings")
 
     def problems(self) -> list[str]:
         """Problems parsing alone cannot see (a value outside a list, options that disagree)."""
@@ -71,9 +77,54 @@ def placement_problems(text: str) -> list[str]:
     return [unknown_choice("placement", bad[0], PLACEMENTS)] if bad else []
 
 
-def out_dir(args, name: str) -> str:
-    path = args.out or os.path.join("results", name)
+# Options that change where or how fast results are made, not what they are.
+NOT_SETTINGS = ("out", "overwrite", "jobs")
+SETTINGS_FILE = "settings.json"
+
+
+def tier(args) -> str:
+    return "quick" if args.quick else "default"
+
+
+def output_path(args, name: str) -> str:
+    """--out, or the tier's own directory: the committed results/<name> belongs to the default
+    tier, and a quick check can never land there by accident."""
+    if args.out:
+        return args.out
+    return os.path.join("results", name) if tier(args) == "default" else os.path.join("results", tier(args), name)
+
+
+def settings(args, name: str) -> dict:
+    """What the results in an output directory were made with (settings.json)."""
+    return {"experiment": name, **{k: v for k, v in dataclasses.asdict(args).items() if k not in NOT_SETTINGS}}
+
+
+def claim(path: str, args, name: str, sweep=None) -> str:
+    """Make ``path`` this experiment's output directory and return it. Results made there with other
+    settings (or by an unknown command) are refused, or with --overwrite deleted first. The
+    experiment's ``sweep`` is checked before anything is written, so a refused experiment changes
+    nothing (its runs on disk too, unless they are about to be replaced)."""
+    wanted = settings(args, name)
+    had = read_json(os.path.join(path, SETTINGS_FILE))
+    taken = os.path.isdir(path) and bool(os.listdir(path))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise BabyGPTError(f"--out '{path}' is a file, not a directory; choose another --out")
+    replace = taken and had != wanted
+    if replace and not args.overwrite:
+        if had is None:
+            what = f"holds files without a {SETTINGS_FILE} saying how they were made"
+        else:
+            diffs = [k for k in sorted({*had, *wanted}) if had.get(k) != wanted.get(k)]
+            what = "was made with other settings (" + ", ".join(
+                f"{k}={had.get(k)!r} there, {wanted.get(k)!r} now" for k in diffs[:4]) + ")"
+        raise BabyGPTError(f"{path} {what}; write these results elsewhere with --out DIR, or pass "
+                           f"--overwrite to replace them (nothing was changed)")
+    if sweep is not None:
+        sweep.check(on_disk=not replace)
+    if replace:
+        shutil.rmtree(path)
     os.makedirs(path, exist_ok=True)
+    write_json(os.path.join(path, SETTINGS_FILE), wanted)
     return path
 
 
@@ -144,4 +195,10 @@ def command_line() -> str:
 
 
 def main(fn) -> None:
+    """Run an experiment's ``fn(argv)`` as a command: errors as one line each (exit 2), SIGINT and
+    SIGTERM as exit 130 and 143 (a sweep first lets its running train.py checkpoint)."""
+    def stop(signum, frame):
+        raise Interrupted(signum, f"stopped by {signal.Signals(signum).name}; finished runs and results "
+                                  f"are kept: run the same command again to continue")
+    signal.signal(signal.SIGTERM, stop)
     sys.exit(run(fn, sys.argv[1:]))

@@ -66,7 +66,7 @@ def measure(depth: int, width: int, batch: int, norm: str, activation: str, seed
 def main(argv):
     args = _common.parse(Exp1Options, argv, "exp1_gradient_vanishing", __doc__)
     started = time.time()
-    out = _common.out_dir(args, "exp1_gradient_vanishing")
+    out = _common.claim(_common.output_path(args, "exp1_gradient_vanishing"), args, "exp1_gradient_vanishing")
     width, batch, seeds = (64, 64, 2) if args.quick else (256, 1024, 10)
 
     results = {}

@@ -59,7 +59,7 @@ class Exp2Options(_common.TrainingOptions):
 def main(argv):
     args = _common.parse(Exp2Options, argv, "exp2_norm_comparison", __doc__)
     started = time.time()
-    out = _common.out_dir(args, "exp2_norm_comparison")
+    out = _common.output_path(args, "exp2_norm_comparison")
     configs = args.configs.split(",") if args.configs else CONFIGS
     seeds = args.seeds or (1 if args.quick else 3)
     lrs = sorted(set(floats(args.lrs or ("3e-3,3e-2" if args.quick else "1e-3,3e-3,1e-2,3e-2")) + [args.base_lr]))
@@ -72,6 +72,7 @@ def main(argv):
                          for lr in lrs}
         runs += seed_runs[name] + [r for lr, r in lr_runs[name].items() if lr != args.base_lr]
     sweep = Sweep(out, runs, _common.budget_args(args, EXP2_BUDGET if not args.quick else {}), args.jobs)
+    _common.claim(out, args, "exp2_norm_comparison", sweep)
     rows = _common.finished_rows(sweep)
 
     def final(run):

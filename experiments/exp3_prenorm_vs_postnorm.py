@@ -42,7 +42,7 @@ def main(argv):
     args = _common.parse(Exp3Options, argv, "exp3_prenorm_vs_postnorm", __doc__)
     placements = args.placements.split(",")
     started = time.time()
-    out = _common.out_dir(args, "exp3_prenorm_vs_postnorm")
+    out = _common.output_path(args, "exp3_prenorm_vs_postnorm")
     depths = [int(d) for d in (args.depths or ("2" if args.quick else "4,8,12")).split(",")]
     warmups = [0, args.warmup or (5 if args.quick else 100)]
 
@@ -55,6 +55,7 @@ def main(argv):
                      "warmup_iters": warmup, "learning_rate": args.lr, "min_lr": args.lr / 10}, 0,
                     label=f"{placement}, warmup {warmup}")
     sweep = Sweep(out, list(runs.values()), _common.budget_args(args), args.jobs)
+    _common.claim(out, args, "exp3_prenorm_vs_postnorm", sweep)
     rows = _common.finished_rows(sweep)
 
     table = []

@@ -58,7 +58,7 @@ def main(argv):
     args = _common.parse(Exp4Options, argv, "exp4_grad_norm_at_init", __doc__)
     placements = args.placements.split(",")
     started = time.time()
-    out = _common.out_dir(args, "exp4_grad_norm_at_init")
+    out = _common.claim(_common.output_path(args, "exp4_grad_norm_at_init"), args, "exp4_grad_norm_at_init")
     train, _, tok = load_dataset(args.data_dir)
     if args.quick:
         width, depth, depths, batches, bs, ctx = 32, 4, [2, 4], 4, 8, 16

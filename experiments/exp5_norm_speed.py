@@ -220,7 +220,7 @@ def report_body(rows: list[dict], e2e: list[dict], impls: dict, devices: dict, f
 def main(argv):
     args = _common.parse(Exp5Options, argv, NAME, __doc__)
     started = time.time()
-    out = _common.out_dir(args, NAME)
+    out = _common.claim(_common.output_path(args, NAME), args, NAME)
     if args.quick:
         # --quick checks the pipeline, not speed. One thread keeps it a few seconds even when another
         # process holds a core: a second torch thread then waits milliseconds at every op.

@@ -89,6 +89,17 @@ TRAIN_CASES = {
     "out_dir_inside_a_file": (["--out_dir=data/meta.json/run"], ["cannot be created", "is a file"]),
     "data_dir_is_a_file": (["--data_dir=data/meta.json"], ["data_dir 'data/meta.json' is a file"]),
     "seed_out_of_range": (["--seed=-1"], ["seed must be in [0, 2**32)"]),
+    # Values that would overflow in the optimizer or in a tensor size, refused before training.
+    "infinite_learning_rate": (["--learning_rate=inf"], ["learning_rate must be a finite number"]),
+    "absurd_learning_rate": (["--learning_rate=1e38"], ["learning_rate must be in (0, 1000]", "overflow"]),
+    "decay_flips_weights": (["--learning_rate=20", "--weight_decay=0.5"],
+                            ["learning_rate x weight_decay must be below 1"]),
+    "int_beyond_64_bits": (["--gradient_accumulation_steps=1e20"], ["must fit in 64 bits"]),
+    # Memory that cannot be allocated: refused from a lower bound, before any tensor exists.
+    "huge_batch": (["--batch_size=1000000000000"], ["needs at least", "reduce batch_size"]),
+    "huge_width": (["--n_embd=40000000", "--n_head=4"], ["needs at least", "n_embd=40000000"]),
+    "huge_depth": (["--n_layer=1000000000"], ["needs at least", "n_layer=1000000000"]),
+    "out_dir_name_too_long": (["--out_dir=runs/" + "x" * 300], ["longer than the filesystem's limit"]),
 }
 
 
@@ -101,6 +112,70 @@ def test_train_bad_input(case, ws, capsys):
 def test_train_config_file_with_syntax_error(ws, capsys):
     (ws / "broken.py").write_text("n_layer = (\n")
     check(cli.train_main, ["broken.py", *TRAIN], capsys, ws, "broken.py' has a syntax error at line 1")
+
+
+CONFIG_FILES = {  # what a config file holds -> what the error says
+    "json": ('{"n_layer": 6, "learning_rate": 0.001}\n', ["sets no keys", "JSON and YAML are not read"]),
+    "yaml": ("n_layer: 6\nlearning_rate: 0.001\n", ["sets no keys", "`n_layer = 6`"]),
+    "empty": ("", ["sets no keys"]),
+    "calls_exit": ("n_layer = 4\nexit()\n", ["called exit()"]),
+    "sys_exit_zero": ("import sys\nsys.exit(0)\n", ["called exit()"]),
+    "raises": ("n_layer = 1 / 0\n", ["failed when run: ZeroDivisionError"]),
+}
+
+
+@pytest.mark.parametrize("case", CONFIG_FILES)
+def test_train_config_file_that_says_nothing_or_exits(case, ws, capsys):
+    text, fragments = CONFIG_FILES[case]
+    (ws / "cfg.py").write_text(text)
+    check(cli.train_main, ["cfg.py", *TRAIN], capsys, ws, *fragments)
+
+
+@pytest.mark.parametrize("content,fragment", [(b"n_layer = 4  # \xe9t\xe9\n", "is not UTF-8 text"),
+                                              (b"n_layer = 4\x00\n", "has a syntax error")])
+def test_train_config_file_not_text(content, fragment, ws, capsys):
+    (ws / "cfg.py").write_bytes(content)
+    check(cli.train_main, ["cfg.py", *TRAIN], capsys, ws, fragment)
+
+
+def test_train_config_file_is_a_directory(ws, capsys):
+    os.makedirs("cfgdir.py")
+    check(cli.train_main, ["cfgdir.py", *TRAIN], capsys, ws, "is not a regular file")
+
+
+def test_train_resume_with_damaged_config_json(ws, capsys):
+    (ws / "out" / "config.json").write_text('{"config": {"n_layer": 2}')  # cut short
+    check(cli.train_main, [*TRAIN, "--out_dir=out", "--init_from=resume", "--max_iters=20"], capsys, ws,
+          "config.json is not a readable JSON object", "damaged")
+
+
+@pytest.mark.parametrize("damage", ["not json\n", "[1, 2]\n", '{"loss": 1.0}\n'])
+def test_train_resume_with_damaged_metrics_row(damage, ws, capsys):
+    """Only a last line cut short by a kill may be dropped; a bad row inside the file is damage,
+    refused rather than silently deleted by the resume's truncation."""
+    path = ws / "out" / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:1] + [damage] + lines[1:]))
+    check(cli.train_main, [*TRAIN, "--out_dir=out", "--init_from=resume", "--max_iters=20"], capsys, ws,
+          "metrics.jsonl line 2 is not a metrics row")
+
+
+def test_train_read_only_out_dir(ws, capsys, monkeypatch):
+    """As root (CI) chmod does not stop writes, so the refusal is driven through os.access."""
+    os.makedirs("locked")
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: (not os.path.abspath(p).endswith("locked")
+                                                              and real_access(p, mode, **kw)))
+    check(cli.train_main, [*TRAIN, "--out_dir=locked/run"], capsys, ws, "is not writable", "choose another --out_dir")
+
+
+def test_train_read_only_unprepared_data_dir(ws, capsys, monkeypatch):
+    os.makedirs("ro_data")
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: (not os.path.abspath(p).endswith("ro_data")
+                                                              and real_access(p, mode, **kw)))
+    check(cli.train_main, ["--data_dir=ro_data", *TRAIN[1:]], capsys, ws, "is not prepared", "read-only",
+          "--data_dir")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
@@ -156,10 +231,12 @@ SAMPLE_CASES = {
     "max_new_tokens_negative": (["--ckpt=out/ckpt.pt", "--max_new_tokens=-5"], ["--max_new_tokens must be positive"]),
     "top_k_above_vocab": (["--ckpt=out/ckpt.pt", "--top_k=1000"], ["--top_k must be between 1 and the vocabulary"]),
     "negative_temperature": (["--ckpt=out/ckpt.pt", "--temperature=-1"], ["--temperature must be a finite number >= 0"]),
-    "nan_temperature": (["--ckpt=out/ckpt.pt", "--temperature=nan"], ["--temperature must be a finite number"]),
+    "nan_temperature": (["--ckpt=out/ckpt.pt", "--temperature=nan"], ["temperature must be a finite number"]),
     "missing_prompt_file": (["--ckpt=out/ckpt.pt", "--start=FILE:nope.txt"], ["cannot read prompt file 'nope.txt'"]),
     "unknown_option": (["--ckpt=out/ckpt.pt", "--temp=1"], ["unknown option '--temp'", "did you mean '--temperature'"]),
     "cuda_without_gpu": (["--ckpt=out/ckpt.pt", "--device=cuda"], ["no CUDA GPU"]),
+    "endless_prompt_file": (["--ckpt=out/ckpt.pt", "--start=FILE:/dev/zero"], ["longer than 1 MiB"]),
+    "prompt_file_is_a_directory": (["--ckpt=out/ckpt.pt", "--start=FILE:data"], ["cannot read prompt file 'data'"]),
 }
 
 
@@ -186,3 +263,41 @@ def test_debug_flag_shows_traceback(ws, capsys):
     assert cli.run(cli.train_main, TRAIN + ["--n_layer=0", "--debug"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" in err and "error: n_layer must be a positive integer" in err
+
+
+def test_sample_checkpoint_describing_a_huge_model(ws, capsys):
+    """The model is never built: its weights alone would not fit in this machine's memory."""
+    ckpt = torch.load(ws / "out" / "best.pt", weights_only=True)
+    ckpt["model_config"].update(n_layer=4000, n_embd=65536, n_head=1)
+    torch.save(ckpt, ws / "huge.pt")
+    check(cli.sample_main, ["--ckpt=huge.pt"], capsys, ws, "the model in 'huge.pt'", "needs at least",
+          "smaller model")
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--out=out"], "--out 'out' is a directory"),
+    (["--out=curves.xyz"], "format '.xyz' is not supported"),
+    (["--out=curves"], "has no extension"),
+    (["--out=data/meta.json/curves.png"], "is a file; fix the path"),
+])
+def test_plot_bad_output_path(argv, fragment, ws, capsys):
+    from babygpt import plot
+
+    check(plot.main, ["out", *argv], capsys, ws, fragment)
+
+
+def test_plot_damaged_summary(ws, capsys):
+    (ws / "out" / "summary.json").write_text("[]")
+    from babygpt import plot
+
+    check(plot.main, ["out", "--out=c.png"], capsys, ws, "summary.json is not a readable JSON object")
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--json=out"], "--json 'out' is a directory"),
+    (["--json=figures.txt"], "format '.txt' is not supported"),
+])
+def test_bench_bad_output_path(argv, fragment, ws, capsys):
+    from babygpt import bench
+
+    check(bench.main, [*TRAIN, *argv], capsys, ws, fragment)

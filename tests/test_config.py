@@ -42,7 +42,10 @@ def test_cli_values_are_parsed_by_field_type():
 @pytest.mark.parametrize("arg,fragment", [
     ("--max_iters=1.5", "max_iters must be an integer"),
     ("--max_iters=abc", "max_iters must be an integer"),
-    ("--learning_rate=fast", "learning_rate must be a number"),
+    ("--learning_rate=fast", "learning_rate must be a finite number"),
+    ("--learning_rate=inf", "learning_rate must be a finite number"),  # would pass "> 0"
+    ("--weight_decay=nan", "weight_decay must be a finite number"),
+    ("--learning_rate=1e999", "learning_rate must be a finite number"),
     ("--compile=maybe", "compile must be true or false"),
     ("--device=gpu", "unknown device 'gpu'"),
     ("--dtype=fp16", "unknown dtype 'fp16'"),

@@ -96,7 +96,7 @@ def test_only_rank_zero_writes_and_prints(ddp_run):
     assert proc.stdout.count(f"step {ITERS} |") == 1
     summary = json.load(open(out / "summary.json"))
     assert summary["world_size"] == 2 and summary["status"] == "finished"
-    assert sorted(os.listdir(out)) == ["best.pt", "ckpt.pt", "config.json", "metrics.jsonl", "ranks.json",
+    assert sorted(os.listdir(out)) == [".lock", "best.pt", "ckpt.pt", "config.json", "metrics.jsonl", "ranks.json",
                                        "summary.json"]
 
 

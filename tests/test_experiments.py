@@ -1,7 +1,6 @@
 """The sweep engine, the plot module and every experiment's --quick mode."""
 
 import csv
-import json
 import os
 import subprocess
 import sys
@@ -52,7 +51,7 @@ def test_grid_and_run_names():
         Run({"learnig_rate": 1e-3}, 0)
 
 
-DIVERGING = {"norm_type": "none", "learning_rate": 1e6, "grad_clip": 0.0, "warmup_iters": 0,
+DIVERGING = {"norm_type": "none", "learning_rate": 1e3, "weight_decay": 0.0, "grad_clip": 0.0, "warmup_iters": 0,
              "min_lr": 0.0, "log_interval": 1}
 
 
@@ -82,12 +81,14 @@ def test_sweep_runs_skips_finished_resumes_killed_and_reads_divergence(small_swe
     rows = sweep.run(progress=False)
     assert os.stat(summary).st_mtime_ns == before and rows[0]["exit_code"] is None
 
-    # A run killed after a checkpoint (no summary.json) resumes instead of starting over.
+    # A run killed after its last checkpoint (no summary.json) resumes instead of starting over:
+    # with nothing left to train, it only gets its summary back; its other files are untouched.
     os.remove(summary)
+    kept = {name: os.stat(os.path.join(sweep.out_dir(runs[0]), name)).st_mtime_ns
+            for name in ("ckpt.pt", "metrics.jsonl", "config.json")}
     rows = sweep.run(progress=False)
-    assert rows[0]["status"] == "finished"
-    with open(os.path.join(sweep.out_dir(runs[0]), "config.json")) as f:
-        assert len(json.load(f)["resumes"]) == 1
+    assert rows[0]["status"] == "finished" and rows[0]["exit_code"] == 0 and os.path.exists(summary)
+    assert {name: os.stat(os.path.join(sweep.out_dir(runs[0]), name)).st_mtime_ns for name in kept} == kept
 
     # Finished runs made with other settings are never mixed into the results.
     other = Sweep(sweep.root, runs, sweep.base_args[:-1] + ["--max_iters=30"])

@@ -273,7 +273,7 @@ def test_compile_failure_falls_back_to_eager(data_dir, tmp_path, monkeypatch, ca
 def test_real_divergence_exits_3(data_dir, tmp_path):
     """No norm and an absurd learning rate: the loss overflows within a few steps."""
     proc = run_script("train.py", f"--data_dir={data_dir}", "--out_dir=out", *TINY_TRAIN_ARGS,
-                      "--norm_type=none", "--learning_rate=1e6", "--min_lr=0", "--grad_clip=0",
+                      "--norm_type=none", "--learning_rate=1e3", "--min_lr=0", "--grad_clip=0", "--weight_decay=0",
                       "--warmup_iters=0", "--max_iters=50", "--log_interval=1", cwd=tmp_path)
     assert proc.returncode == 3, proc.stderr
     assert "diverged: non-finite loss at iteration" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,396 @@
+"""What happens around a run: one owner per run directory, sweeps that own their children,
+experiment results never replaced by accident, and filesystem or memory failures reported
+as one error line (exit 2) instead of a traceback."""
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from babygpt import cli, distributed
+from babygpt.config import load_config
+from babygpt.errors import BabyGPTError
+from babygpt.files import write_atomic
+from babygpt.rundir import RunDir, RunLock, owned
+from babygpt.sweep import MAX_NAME, Run, Sweep
+from babygpt.trainer import train
+from conftest import ROOT, TINY_TRAIN_ARGS, assert_user_error, prepare_small_data
+
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+import _common  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return prepare_small_data(tmp_path_factory.mktemp("collisions"))
+
+
+def files_of(directory):
+    """Every file under ``directory`` with its bytes: what a refused command must leave alone."""
+    out = {}
+    for dirpath, _, names in os.walk(directory):
+        for name in names:
+            with open(os.path.join(dirpath, name), "rb") as f:
+                out[os.path.join(dirpath, name)] = f.read()
+    return out
+
+
+def wait_until(condition, proc, what, timeout=120):
+    """Poll ``condition`` (progress observed, not time slept) while ``proc`` runs."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"the process ended before {what}: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"never saw {what}"
+        time.sleep(0.01)
+
+
+def train_argv(data_dir, out_dir, *extra):
+    return [sys.executable, os.path.join(ROOT, "train.py"), f"--data_dir={data_dir}", f"--out_dir={out_dir}",
+            *TINY_TRAIN_ARGS, *extra]
+
+
+# ------------------------------------------------------------------ one owner per run directory
+
+def test_lock_is_exclusive_and_names_its_holder(tmp_path):
+    first, second = RunLock(str(tmp_path / "run")), RunLock(str(tmp_path / "run"))
+    assert first.acquire() is None and first.holder() == os.getpid()
+    assert second.acquire() == os.getpid()  # flock is per open file: refused even in one process
+    first.release()
+    assert first.holder() is None and second.acquire() is None
+    second.release()
+
+
+def test_owned_refuses_a_held_directory_and_releases_on_error(tmp_path):
+    out = str(tmp_path / "run")
+    with owned(out, distributed.Dist(), "cpu"):
+        with pytest.raises(BabyGPTError, match=f"in use by process {os.getpid()}"):
+            with owned(out, distributed.Dist(), "cpu"):
+                pass
+    with pytest.raises(RuntimeError):
+        with owned(out, distributed.Dist(), "cpu"):
+            raise RuntimeError("boom")
+    assert RunLock(out).holder() is None  # released on the way out of an exception
+
+
+class SimulatedRank(distributed.Dist):
+    """One rank of a 2-process job whose all-reduce adds what the other rank sends."""
+
+    def __init__(self, rank, other):
+        super().__init__(rank=rank, local_rank=rank, world_size=2)
+        object.__setattr__(self, "other", other)
+
+    def sum(self, t):
+        return t + self.other
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_under_torchrun_every_rank_refuses_a_held_directory(rank, tmp_path):
+    """Rank 0 alone takes the lock; it shares (holder pid + 1) so that rank 1 refuses with it."""
+    out = str(tmp_path / "run")
+    holder = RunLock(out)
+    assert holder.acquire() is None
+    other = os.getpid() + 1 if rank == 1 else 0  # what the other rank sends: rank 0 saw the holder
+    with pytest.raises(BabyGPTError, match=f"in use by process {os.getpid()}"):
+        with owned(out, SimulatedRank(rank, other), "cpu"):
+            pass
+    holder.release()
+    with owned(out, SimulatedRank(rank, 0), "cpu"):  # free: both ranks go on
+        assert RunLock(out).holder() == (os.getpid() if rank == 0 else None)
+
+
+@pytest.mark.slow
+def test_second_process_is_refused_while_a_run_trains_and_sigkill_frees_the_lock(data_dir, tmp_path):
+    """A scratch start and a resume aimed at a live run are both refused, naming its pid, and
+    change nothing; the live run is unaffected. A SIGKILLed owner leaves no stale lock."""
+    out = tmp_path / "run"
+    live = subprocess.Popen(train_argv(data_dir, out, "--max_iters=1000000", "--eval_interval=5",
+                                       "--lr_decay_iters=1000"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    wait_until(lambda: os.path.exists(out / "ckpt.pt"), live, "the first checkpoint")
+    for extra in ([], ["--init_from=resume"]):
+        refused = subprocess.run(train_argv(data_dir, out, "--max_iters=10", *extra),
+                                 capture_output=True, text=True, timeout=120)
+        assert_user_error(refused.stderr, refused.returncode, f"is in use by process {live.pid}")
+    live.send_signal(signal.SIGTERM)
+    _, err = live.communicate(timeout=120)
+    assert live.returncode == 143, err  # it was never disturbed: it checkpoints and stops as asked
+    s = json.loads((out / "summary.json").read_text())
+    assert s["status"] == "interrupted"
+    iters = [json.loads(line)["iter"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert iters == sorted(set(iters))  # one writer: no row twice
+
+    killed = subprocess.Popen(train_argv(data_dir, out, "--max_iters=1000000", "--eval_interval=5",
+                                         "--lr_decay_iters=1000", "--init_from=resume"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(lambda: RunLock(str(out)).holder() == killed.pid, killed, "the resumed run taking the lock")
+    killed.kill()
+    killed.wait()
+    assert RunLock(str(out)).holder() is None
+    end = s["iter"] + 3
+    resumed = subprocess.run(train_argv(data_dir, out, f"--max_iters={end}", "--eval_interval=5",
+                                        "--lr_decay_iters=1000", "--init_from=resume"),
+                             capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+
+
+def test_two_runs_started_together_never_share_a_directory(data_dir, tmp_path):
+    """Whichever gets the lock first trains; the other is refused (in use, or already a run)."""
+    out = tmp_path / "run"
+    procs = [subprocess.Popen(train_argv(data_dir, out, "--max_iters=20", f"--seed={seed}"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
+    results = [(p.wait(timeout=300), p.communicate()[1]) for p in procs]
+    assert sorted(code for code, _ in results) == [0, 2], results
+    err = next(e for code, e in results if code == 2)
+    assert "is in use by process" in err or "already holds a run" in err
+    seeds = {json.loads((out / "config.json").read_text())["config"]["seed"]}
+    iters = [json.loads(line)["iter"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(seeds) == 1 and iters == sorted(set(iters))
+
+
+def test_noop_resume_of_a_finished_run_changes_nothing(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = [f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=10"]
+    assert cli.run(cli.train_main, argv) == 0
+    before = files_of(out)
+    mtimes = {p: os.stat(p).st_mtime_ns for p in before}
+    assert cli.run(cli.train_main, [*argv, "--init_from=resume"]) == 0
+    assert "nothing to train" in capsys.readouterr().err
+    assert files_of(out) == before and {p: os.stat(p).st_mtime_ns for p in before} == mtimes
+
+
+# ------------------------------------------------------------------ sweeps own their children
+
+def sweep_args(data_dir, *extra):
+    return [*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", "--eval_interval=5", "--lr_decay_iters=1000", *extra]
+
+
+def test_sweep_checks_every_run_before_starting_any(data_dir, tmp_path):
+    (tmp_path / "yaml.py").write_text("n_layer: 2\n")
+    runs = [Run({"n_layer": 2}, 0), Run({"n_layer": 0}, 0), Run({}, 0, config=str(tmp_path / "yaml.py"))]
+    sweep = Sweep(str(tmp_path / "sweep"), runs, sweep_args(data_dir, "--max_iter=5"))
+    with pytest.raises(BabyGPTError) as e:
+        sweep.run(progress=False)
+    problems = e.value.problems
+    assert problems.count("unknown config key 'max_iter' (did you mean 'max_iters'?)") == 1  # once, not per run
+    assert any("n_layer must be a positive integer" in p for p in problems)
+    assert any("sets no keys" in p for p in problems)
+    assert not os.path.exists(tmp_path / "sweep")  # nothing ran, nothing was written
+
+
+def test_sweep_refuses_runs_held_by_a_live_process_and_damaged_records(data_dir, tmp_path):
+    runs = [Run({"learning_rate": 1e-3}, 0), Run({"learning_rate": 2e-3}, 0)]
+    sweep = Sweep(str(tmp_path / "sweep"), runs, sweep_args(data_dir, "--max_iters=5"))
+    orphan = RunLock(sweep.out_dir(runs[0]))  # as if a killed sweep's train.py still ran there
+    assert orphan.acquire() is None
+    os.makedirs(sweep.out_dir(runs[1]))
+    write_atomic(os.path.join(sweep.out_dir(runs[1]), "summary.json"), b'{"status": ')
+    with pytest.raises(BabyGPTError) as e:
+        sweep.run(progress=False)
+    orphan.release()
+    text = "\n".join(e.value.problems)
+    assert f"is being trained by process {os.getpid()}" in text and "summary.json is not a readable" in text
+
+
+def test_long_sweep_run_names_fit_the_filesystem():
+    long = Run({"norm_type": "rmsnorm" * 40}, 3)
+    other = Run({"norm_type": "rmsnorm" * 40 + "x"}, 3)
+    assert len(long.name.encode()) <= MAX_NAME and long.name.endswith("__seed=3")
+    assert long.name != other.name
+    assert Run({"norm_type": "rmsnorm"}, 3).name == "norm_type=rmsnorm__seed=3"  # short names unchanged
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_sweep_stops_its_child_and_a_restart_resumes_it(data_dir, tmp_path):
+    root = tmp_path / "sweep"
+    base = [f"--set={a[2:]}" for a in sweep_args(data_dir, "--max_iters=100000")]
+    argv = [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"), *base,
+            "--grid", "learning_rate=1e-3,2e-3", "--out", str(root)]
+    sweep = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = root / "runs" / "learning_rate=0.001__seed=0"
+    wait_until(lambda: os.path.exists(first / "ckpt.pt"), sweep, "the first run's checkpoint")
+    child = RunLock(str(first)).holder()
+    assert child
+    sweep.send_signal(signal.SIGTERM)
+    _, err = sweep.communicate(timeout=120)
+    assert sweep.returncode == 143, err
+    assert "run the same command again to resume" in err and "Traceback" not in err
+    assert RunLock(str(first)).holder() is None  # the child is gone, not orphaned
+    s = json.loads((first / "summary.json").read_text())
+    assert s["status"] == "interrupted" and s["signal"] == "SIGTERM"
+    assert not os.path.exists(root / "runs" / "learning_rate=0.002__seed=0")  # no new run was started
+
+    # Restarted with a budget it can finish: the interrupted run resumes, the other starts.
+    stop = s["iter"] + 5
+    argv = [a.replace("--set=max_iters=100000", f"--set=max_iters={stop}") for a in argv]
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and "was run with other settings" in again.stderr  # max_iters differs
+    # The budget is part of the settings: the same command resumes it.
+    argv_same = [a.replace(f"--set=max_iters={stop}", "--set=max_iters=100000") for a in argv]
+    resumed = subprocess.Popen(argv_same, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: json.loads((first / "config.json").read_text()).get("resumes"), resumed,
+               "the interrupted run resuming")
+    resumed.send_signal(signal.SIGINT)
+    _, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 130, err
+    info = json.loads((first / "config.json").read_text())
+    assert [r["iter"] for r in info["resumes"]][0] == s["iter"]  # resumed from its checkpoint, not restarted
+
+
+# ------------------------------------------------------------------ experiment outputs
+
+def exp_args(*argv):
+    from exp1_gradient_vanishing import Exp1Options
+
+    return _common.parse(Exp1Options, list(argv), "exp1_gradient_vanishing", "doc")
+
+
+def test_each_tier_has_its_own_default_directory():
+    assert _common.output_path(exp_args(), "exp1") == os.path.join("results", "exp1")
+    assert _common.output_path(exp_args("--quick"), "exp1") == os.path.join("results", "quick", "exp1")
+    assert _common.output_path(exp_args("--quick", "--out=mine"), "exp1") == "mine"
+
+
+def test_results_made_with_other_settings_are_refused_unless_overwrite(tmp_path):
+    out = str(tmp_path / "exp1")
+    _common.claim(out, exp_args(), "exp1")
+    (tmp_path / "exp1" / "report.md").write_text("committed")
+    _common.claim(out, exp_args(), "exp1")  # the same settings: kept (a re-run regenerates them)
+    assert (tmp_path / "exp1" / "report.md").read_text() == "committed"
+    before = files_of(out)
+    with pytest.raises(BabyGPTError, match="made with other settings .quick=False there, True now.*--overwrite"):
+        _common.claim(out, exp_args("--quick"), "exp1")
+    assert files_of(out) == before
+    _common.claim(out, exp_args("--quick", "--overwrite"), "exp1")
+    assert not os.path.exists(tmp_path / "exp1" / "report.md")
+    assert json.loads((tmp_path / "exp1" / "settings.json").read_text())["quick"] is True
+
+
+def test_results_of_unknown_origin_are_refused(tmp_path):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "report.md").write_text("made by hand")
+    with pytest.raises(BabyGPTError, match="without a settings.json"):
+        _common.claim(str(tmp_path / "old"), exp_args(), "exp1")
+
+
+def test_committed_results_record_their_settings():
+    """Every committed results directory says how it was made, matching its report's command."""
+    for name in os.listdir(os.path.join(ROOT, "results")):
+        report = os.path.join(ROOT, "results", name, "report.md")
+        if not os.path.exists(report):
+            continue
+        with open(os.path.join(ROOT, "results", name, "settings.json")) as f:
+            settings = json.load(f)
+        with open(report) as f:
+            command = next(line for line in f if line.startswith("Command: "))
+        assert f"experiments/{settings['experiment']}.py" in command and settings["quick"] is False
+
+
+@pytest.mark.slow
+def test_quick_run_cannot_overwrite_committed_results(data_dir, tmp_path):
+    """exp1 --quick from a checkout writes to results/quick/, and --out at a default-tier
+    directory is refused with exit 2 and no change."""
+    script = os.path.join(ROOT, "experiments", "exp1_gradient_vanishing.py")
+    committed = tmp_path / "results" / "exp1_gradient_vanishing"
+    committed.mkdir(parents=True)
+    _common.claim(str(committed), exp_args(), "exp1_gradient_vanishing")
+    (committed / "report.md").write_text("the committed report")
+    before = files_of(tmp_path / "results")
+    quick = subprocess.run([sys.executable, script, "--quick"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300)
+    assert quick.returncode == 0, quick.stderr
+    assert os.path.exists(tmp_path / "results" / "quick" / "exp1_gradient_vanishing" / "report.md")
+    refused = subprocess.run([sys.executable, script, "--quick", f"--out={committed}"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300)
+    assert_user_error(refused.stderr, refused.returncode, "made with other settings", "--overwrite")
+    after = files_of(tmp_path / "results")
+    quick_dir = str(tmp_path / "results" / "quick")
+    assert {p: b for p, b in after.items() if not p.startswith(quick_dir)} == before
+
+
+# ------------------------------------------------------------------ filesystem and memory
+
+def test_full_disk_during_an_atomic_write_names_the_file_and_keeps_the_old_one(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.pt"
+    path.write_bytes(b"previous checkpoint")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(BabyGPTError, match=r"No space left on device; free some disk space .*ckpt.pt is unchanged"):
+        write_atomic(str(path), b"new checkpoint")
+    assert path.read_bytes() == b"previous checkpoint" and os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_full_disk_mid_run_is_one_error_line_and_the_run_stays_resumable(data_dir, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    real_replace = os.replace
+    saves = []
+
+    def replace(src, dst):  # the second checkpoint write finds the disk full
+        saves.append(dst)
+        if str(dst).endswith("ckpt.pt") and len([d for d in saves if str(d).endswith("ckpt.pt")]) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_replace(src, dst)
+    monkeypatch.setattr(os, "replace", replace)
+    argv = [f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=30"]
+    code = cli.run(cli.train_main, argv)
+    assert_user_error(capsys.readouterr().err, code, "No space left on device", "free some disk space",
+                      "ckpt.pt is unchanged")
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert RunLock(str(out)).holder() is None
+    assert cli.run(cli.train_main, [*argv, "--init_from=resume"]) == 0  # from the first checkpoint
+
+
+def test_read_only_location_for_a_write_is_one_error_line(tmp_path, monkeypatch):
+    import tempfile
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+    monkeypatch.setattr(tempfile, "mkstemp", denied)
+    with pytest.raises(BabyGPTError, match="writing '.*summary.json' failed: Permission denied; choose a location"):
+        write_atomic(str(tmp_path / "summary.json"), b"{}")
+
+
+@pytest.mark.parametrize("error,fragment", [
+    (OSError(errno.EROFS, "Read-only file system", "out/run"), "the filesystem is read-only"),
+    (OSError(errno.ENAMETOOLONG, "File name too long", "x" * 300), "use a shorter name"),
+    (MemoryError(), "out of memory"),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"),
+     "reduce batch_size"),
+])
+def test_cli_reports_resource_errors_without_a_traceback(error, fragment, capsys):
+    def main(argv):
+        raise error
+    code = cli.run(main, [])
+    assert_user_error(capsys.readouterr().err, code, fragment)
+
+
+@pytest.mark.parametrize("error", [OSError(errno.ECONNRESET, "Connection reset"), RuntimeError("a bug")])
+def test_cli_keeps_the_traceback_of_other_errors(error):
+    def main(argv):
+        raise error
+    with pytest.raises(type(error)):
+        cli.run(main, [])
+
+
+def test_memory_check_uses_this_machine(monkeypatch):
+    from babygpt import resources
+
+    cfg = load_config(["--batch_size=4"])  # the defaults fit
+    monkeypatch.setattr(resources, "available_bytes", lambda device: 2**20)  # a machine with 1 MiB free
+    with pytest.raises(BabyGPTError, match=r"needs at least .* more than the 0.0 GiB of memory free"):
+        load_config(["--batch_size=4"])
+    assert cfg.batch_size == 4
+
+
+def test_run_directory_errors_leave_nothing_behind(data_dir, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(BabyGPTError, match="longer than the filesystem's limit"):
+        train(load_config([f"--data_dir={data_dir}", f"--out_dir={out / ('y' * 300)}", *TINY_TRAIN_ARGS]))
+    assert not os.path.exists(out)
+    assert RunDir(str(out)).metrics_rows() == []
