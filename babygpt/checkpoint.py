@@ -103,6 +103,8 @@ def resume_training_state(path: str, model_cfg, vocab: list[str], model, optimiz
     when training starts. Under torchrun every rank reads the file, so across nodes it must be
     on a shared filesystem."""
     ckpt = load_checkpoint(path, map_location="cpu")
+    if not isinstance(ckpt.get("model_config"), dict):
+        raise BabyGPTError(f"{path} is damaged (its model_config is not a mapping); start a new --out_dir")
     check_resumable(ckpt, model_cfg, vocab, dist.world_size, path)
     try:
         model.load_state_dict(ckpt["model"])
@@ -111,6 +113,10 @@ def resume_training_state(path: str, model_cfg, vocab: list[str], model, optimiz
             scaler.load_state_dict(ckpt["scaler"])
         state.load_state_dict(ckpt)
         state.load_rank_state(ckpt["ranks"][dist.rank] if dist.enabled else ckpt)
+        state.check_types()
+        # Applied for real when training starts; applied now too, so that damaged generator
+        # states are refused before anything in out_dir is written (nothing draws in between).
+        restore_rng(state.pending_rng, torch.device("cpu"))
     except (KeyError, IndexError, RuntimeError, TypeError, ValueError) as e:
         raise BabyGPTError(f"{path} is damaged or from an incompatible version "
                            f"({type(e).__name__}); start a new --out_dir") from None

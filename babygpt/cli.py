@@ -101,10 +101,13 @@ def train_main(argv: list[str]) -> int:
         say(f"diverged: non-finite loss at iteration {summary['diverged_at']}; the last good state is in "
             f"{out}/ckpt.pt and {out}/best.pt; see {out}/summary.json", file=sys.stderr)
         return EXIT_DIVERGED
-    best = summary["best_val_loss"]
-    say(f"done: {summary['iter']} iterations, best val loss "
-        f"{'n/a' if best is None else f'{best:.4f}'}; "
+    best, full, refs = summary["best_val_loss"], summary.get("val_loss_full"), summary.get("references") or {}
+    whole = "" if full is None else f", val loss over the whole split {full:.4f} (unigram {refs['unigram']:.4f})"
+    say(f"done: {summary['iter']} iterations, best val loss {'n/a' if best is None else f'{best:.4f}'}{whole}; "
         f"sample with: python sample.py --ckpt {out}/best.pt")
+    if status == "collapsed":
+        say("collapsed: the model is no better than predicting character frequencies (the unigram loss); "
+            "try a lower learning_rate", file=sys.stderr)
     return 0
 
 

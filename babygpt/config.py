@@ -128,7 +128,7 @@ def read_config_file(path: str) -> dict:
     if not os.path.isfile(path):
         raise BabyGPTError(f"config file '{path}' is not a regular file; pass a .py file such as config/prenorm_rms.py")
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark is allowed, as Python allows it
             source = f.read()
     except UnicodeDecodeError as e:
         raise BabyGPTError(f"config file '{path}' is not UTF-8 text (bad byte at offset {e.start}); "
@@ -139,13 +139,15 @@ def read_config_file(path: str) -> dict:
     try:
         code = compile(source, path, "exec")
     except (SyntaxError, ValueError) as e:  # ValueError: a NUL byte in the source
-        where = f" at line {e.lineno}: {e.msg}" if isinstance(e, SyntaxError) else f": {e}"
+        where = f" at line {e.lineno}: {e.msg}" if getattr(e, "lineno", None) else f": {getattr(e, 'msg', e)}"
         raise BabyGPTError(f"config file '{path}' has a syntax error{where}") from None
     try:
         exec(code, namespace)
     except SystemExit:  # exit() or sys.exit() in a config file must not end the program silently
         raise BabyGPTError(f"config file '{path}' called exit(); a config file only assigns keys") from None
-    except Exception as e:  # the user's file raised; report where, not a traceback
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # the user's file raised; report where, not a traceback
         raise BabyGPTError(f"config file '{path}' failed when run: {type(e).__name__}: {e}") from None
     values = {k: v for k, v in namespace.items()
               if not k.startswith("_") and not isinstance(v, types.ModuleType)}

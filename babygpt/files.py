@@ -20,7 +20,28 @@ FIXES = {
     errno.EISDIR: "that path is a directory: give a file name",
     errno.ENOTDIR: "a part of that path is a file, not a directory: fix the path",
     errno.EMFILE: "too many open files: raise the limit (ulimit -n)",
+    errno.ENOENT: "a directory on that path does not exist and cannot be made there: fix the path",
+    errno.EEXIST: "something is already there (e.g. a dangling symlink): choose another path",
+    errno.ELOOP: "the path goes through a symlink loop: fix the path",
 }
+
+
+def path_problem(path: str) -> str | None:
+    """Why the filesystem could not hold ``path`` ("'x' has a name of 300 bytes, ..."), or None."""
+    if "\0" in path:
+        return f"{path!r} contains a NUL byte"
+    def limit(name: str, default: int) -> int:
+        try:
+            return os.pathconf("/", name)
+        except (OSError, ValueError, AttributeError):
+            return default
+    whole = os.fsencode(os.path.abspath(path))  # bytes as the OS sees them, even for undecodable names
+    if len(whole) >= limit("PC_PATH_MAX", 4096):
+        return f"{path!r} is {len(whole)} bytes long, longer than the filesystem's limit"
+    longest = max(len(part) for part in whole.split(os.fsencode(os.sep)))
+    if longest > limit("PC_NAME_MAX", 255):
+        return f"{path!r} has a name of {longest} bytes, longer than the filesystem's limit"
+    return None
 
 
 def os_error_message(e: OSError, path: str | None = None, doing: str = "writing") -> str | None:
@@ -98,8 +119,8 @@ def output_file_problems(path: str, option: str, formats: tuple[str, ...] | None
     if formats is not None and extension not in formats:
         what = f"format '.{extension}' is not supported" if extension else "has no extension"
         return [f"{option} '{path}': {what}; end the name with one of: {', '.join('.' + f for f in formats)}"]
-    if any(len(part.encode()) > 255 for part in os.path.abspath(path).split(os.sep)):
-        return [f"{option} '{path}' has a name longer than 255 bytes; use a shorter name"]
+    if path_problem(path):
+        return [f"{option} {path_problem(path)}; use a shorter name"]
     ancestor = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(ancestor):
         ancestor = os.path.dirname(ancestor)

@@ -159,7 +159,8 @@ def image_formats() -> tuple[str, ...]:
     """The file extensions matplotlib can write (png, pdf, svg, ...)."""
     from matplotlib.figure import Figure
 
-    return tuple(sorted(Figure().canvas.get_supported_filetypes()))
+    # pgf needs a LaTeX installation; the other formats need nothing beyond matplotlib.
+    return tuple(sorted(set(Figure().canvas.get_supported_filetypes()) - {"pgf"}))
 
 
 def main(argv: list[str]) -> int:
@@ -173,7 +174,14 @@ def main(argv: list[str]) -> int:
             at = [int(v) for v in args.at.split(",")] if args.at else None
         except ValueError:
             raise BabyGPTError(f"--at takes comma-separated iterations, got '{args.at}'") from None
-        print(f"wrote {save(plot_diagnostics(runs[0], at), args.out)}")
+        try:
+            figure = plot_diagnostics(runs[0], at)
+        except BabyGPTError:
+            raise
+        except (TypeError, ValueError, KeyError, IndexError) as e:
+            raise BabyGPTError(f"the diagnostics rows in {args.runs[0]}/metrics.jsonl are damaged "
+                               f"({type(e).__name__}); re-run with diag_interval > 0") from None
+        print(f"wrote {save(figure, args.out)}")
         return 0
     if args.at:
         raise BabyGPTError("--at needs --diag")

@@ -4,7 +4,8 @@
   metrics.jsonl  one JSON object per logged iteration (eval rows add train_loss/val_loss)
   ckpt.pt        the latest state, for --init_from=resume (written at each eval and on interrupt)
   best.pt        the state with the lowest val loss so far, for sampling
-  summary.json   how the run ended: finished | diverged | interrupted, losses, iterations, time
+  summary.json   how the run ended: finished | collapsed | diverged | interrupted, losses (the final
+                 one over the whole validation split), the data's n-gram reference losses, time
   .lock          held (an OS lock, flock) by the one process training in the directory
 
 Every file but metrics.jsonl (appended to, row by row) is replaced atomically, so a kill at
@@ -23,7 +24,8 @@ import os
 import torch
 
 from .errors import BabyGPTError
-from .files import atomic_open, user_error, write_atomic
+from .files import atomic_open, path_problem, user_error, write_atomic
+from .state import COMPLETED
 
 try:
     import fcntl
@@ -40,7 +42,7 @@ def read_json(path: str) -> dict | None:
     try:
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: absurdly nested JSON
         return None
     return obj if isinstance(obj, dict) else None
 
@@ -197,7 +199,10 @@ class RunDir:
             raise BabyGPTError(f"cannot resume: no checkpoint at {self.ckpt}; train from scratch first "
                                f"(drop --init_from=resume) or point --out_dir at an existing run")
         if init_from == "resume":  # damaged records are refused now, not replaced at start()
-            read_record(self.config, ("config",))
+            record = read_record(self.config, ("config",))
+            if record and not (isinstance(record["config"], dict) and isinstance(record.get("resumes", []), list)):
+                raise BabyGPTError(f"{self.config} is damaged (its config or resumes has the wrong type); restore "
+                                   f"it, or move the run directory aside to start that run afresh")
             self.metrics_rows()
 
     def start(self, info: dict, resumed_at: int | None) -> None:
@@ -231,7 +236,7 @@ class RunDir:
                 if not isinstance(row.get("iter"), int):
                     raise ValueError
                 rows.append(row)
-            except (ValueError, AttributeError):
+            except (ValueError, AttributeError, RecursionError):
                 if line.strip() and number < len(lines):
                     raise BabyGPTError(f"{self.metrics} line {number} is not a metrics row: the file is "
                                        f"damaged; repair or delete that line, then resume") from None
@@ -257,9 +262,10 @@ class RunDir:
             raise user_error(e, self.metrics) from None
 
     def finished_summary(self, at_iter: int) -> dict | None:
-        """summary.json if it records this run finished at ``at_iter``, else None."""
+        """summary.json if it records this run finished (or collapsed) at ``at_iter``, else None."""
         summary = read_record(self.summary, ("status",))
-        return summary if summary and summary["status"] == "finished" and summary.get("iter") == at_iter else None
+        done = summary and summary["status"] in COMPLETED and summary.get("iter") == at_iter
+        return summary if done else None
 
     def write_summary(self, summary: dict) -> None:
         if self.writes:
@@ -267,13 +273,8 @@ class RunDir:
 
 
 def _check_name_lengths(path: str) -> None:
-    """Refuse a path the filesystem cannot hold (a name over NAME_MAX bytes, 255 on most)."""
-    limit = 255
-    try:
-        limit = os.pathconf(".", "PC_NAME_MAX")
-    except (OSError, ValueError, AttributeError):
-        pass
-    for part in os.path.abspath(path).split(os.sep):
-        if len(part.encode()) > limit:
-            raise BabyGPTError(f"out_dir '{path}' has a name of {len(part.encode())} bytes, longer than the "
-                               f"filesystem's limit of {limit}; choose a shorter --out_dir")
+    """Refuse a path the filesystem cannot hold: a NUL byte, a name over NAME_MAX bytes (255 on
+    most), or a whole path over PATH_MAX (4096 on Linux)."""
+    problem = path_problem(path)
+    if problem:
+        raise BabyGPTError(f"out_dir {problem}; choose another --out_dir")

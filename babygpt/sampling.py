@@ -18,6 +18,7 @@ from .options import option, parse_into
 from .resources import check_fits, inference_bytes
 from .runtime import resolve_device
 
+MIN_TEMPERATURE = 1e-3  # below this sampling is greedy in all but name, and logits / T overflow near 1e-38
 USAGE = "python sample.py --ckpt PATH [--start TEXT|FILE:path] [--key value ...] [--debug]"
 
 
@@ -41,6 +42,8 @@ class SampleOptions:
                     for name in ("num_samples", "max_new_tokens") if getattr(self, name) <= 0]
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             problems.append(f"--temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+        elif 0 < self.temperature < MIN_TEMPERATURE:  # logits / temperature would overflow float32
+            problems.append(f"--temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {self.temperature:g}")
         return problems
 
 

@@ -12,6 +12,9 @@ from .checkpoint import capture_rng
 from .data import BatchSampler
 from .signals import signal_name
 
+# A run that reached max_iters: "collapsed" if its loss over the whole validation split is no
+# better than the data's unigram model (references.py), else "finished".
+COMPLETED = ("finished", "collapsed")
 COUNTERS = ("first_nonfinite", "skipped_steps", "scaler_skipped_steps")  # nested under "counters" in a checkpoint
 PER_RANK = ("sampler", "pending_rng")  # each process's own; see TrainState.rank_state
 
@@ -38,6 +41,16 @@ class TrainState:
     skipped_steps: int = 0  # steps dropped by nonfinite=skip
     scaler_skipped_steps: int = 0  # steps the float16 GradScaler dropped (inf/NaN gradients)
     pending_rng: dict | None = None  # generator states loaded from a checkpoint, applied when training starts
+
+    def check_types(self) -> None:
+        """TypeError/ValueError if a restored field cannot be what it claims (a damaged checkpoint)."""
+        if type(self.iter) is not int or self.iter < 0:
+            raise ValueError(f"iter {self.iter!r}")
+        for name in ("best_val_loss", "elapsed_s"):
+            if type(getattr(self, name)) not in (int, float):
+                raise TypeError(f"{name} {getattr(self, name)!r}")
+        if not isinstance(self.last_eval, dict):
+            raise TypeError("last_eval")
 
     def _shared(self) -> list[str]:
         return [f.name for f in dataclasses.fields(self) if f.name not in PER_RANK]

@@ -33,13 +33,15 @@ from .errors import BabyGPTError, Interrupted
 from .options import option, parse_into
 from .rundir import RunDir, RunLock, read_json, read_record
 from .signals import signal_name
+from .state import COMPLETED
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_PY = os.path.join(ROOT, "train.py")
-DONE = ("finished", "diverged")
+DONE = (*COMPLETED, "diverged")
 MAX_NAME = 200  # bytes of a run's directory name; longer names are cut and given a hash
 COLUMNS = ["name", "seed", "status", "exit_code", "diverged_at", "first_nonfinite_at", "iter",
-           "final_train_loss", "final_val_loss", "best_val_loss", "wall_time_s", "num_params", "out_dir"]
+           "final_train_loss", "final_val_loss", "best_val_loss", "val_loss_full", "wall_time_s", "num_params",
+           "out_dir"]
 
 
 def _fmt(value) -> str:
@@ -63,9 +65,10 @@ class Run:
             parts.insert(0, os.path.splitext(os.path.basename(self.config))[0])
         self.label = self.label or ",".join(parts) or "default"
         name = "__".join([*parts, f"seed={self.seed}"]).replace("/", "_")
-        if len(name.encode()) > MAX_NAME:  # a directory name must fit the filesystem (255 bytes)
-            digest = hashlib.sha1(name.encode()).hexdigest()[:12]
-            name = name.encode()[:MAX_NAME - 32].decode(errors="ignore") + f"__{digest}__seed={self.seed}"
+        raw = os.fsencode(name)  # the bytes the filesystem sees (surrogate-escaped names included)
+        if len(raw) > MAX_NAME:  # a directory name must fit the filesystem (255 bytes)
+            digest = hashlib.sha1(raw).hexdigest()[:12]
+            name = os.fsdecode(raw[:MAX_NAME - 32]) + f"__{digest}__seed={self.seed}"
         self.name = name
 
 
@@ -112,7 +115,9 @@ class Sweep:
         """Every problem that would make a run fail or mix wrong results into the table, found
         before anything runs: bad keys or values (as train.py would report them, once each), and
         (``on_disk``) damaged or foreign records, and run directories a live process holds."""
-        problems: list[str] = []
+        problems = self._base_arg_problems()
+        if problems:  # (a malformed --set, e.g. --set help, must not reach train.py's parser)
+            raise BabyGPTError(*problems)
         for run in self.runs:
             try:
                 wanted = load_config(self._config_args(run))
@@ -122,6 +127,11 @@ class Sweep:
                 problems += [p for p in e.problems if p not in problems]
         if problems:
             raise BabyGPTError(*problems)
+
+    def _base_arg_problems(self) -> list[str]:
+        """Base arguments that are not --KEY=VALUE (e.g. a --set help)."""
+        return [f"malformed --set '{arg[2:]}'; write --set key=value" for arg in self.base_args
+                if not (arg.startswith("--") and arg[2:].partition("=")[0] and "=" in arg)]
 
     def _check_on_disk(self, run: Run, wanted) -> None:
         out = self.out_dir(run)
@@ -240,6 +250,24 @@ class Sweep:
         return path
 
 
+def ignored_set_problems(sets: list[str], runs: list[Run]) -> list[str]:
+    """Problems for --set KEY=VALUE options whose key every run sets itself (the seed, the run
+    directory, or a grid axis): they would be silently replaced."""
+    own = {"seed": "--seeds", "out_dir": "--out", "init_from": "the sweep"}
+    for run in runs:
+        own.update({key: "the sweep's own grid" for key in run.overrides})
+    keys = dict.fromkeys(s.partition("=")[0] for s in sets)
+    return [f"--set {key} has no effect: each run's {key} is set by {own[key]}" for key in keys if key in own]
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text.strip())
+    except ValueError:
+        return False
+    return text.strip().lstrip("-").isascii()  # int() also reads other scripts' digits
+
+
 def parse_value(text: str):
     """A grid value from the command line: int, float, true/false, none, or a string."""
     lowered = text.lower()
@@ -277,11 +305,14 @@ class SweepOptions:
     def problems(self) -> list[str]:
         problems = [f"malformed --grid '{spec}'; write --grid key=value1,value2"
                     for spec in self.grid if not spec.partition("=")[2]]
-        if not all(s.strip().lstrip("-").isdigit() for s in self.seeds.split(",")):
+        keys = [spec.partition("=")[0] for spec in self.grid]
+        problems += [f"--grid {key} is given {keys.count(key)} times; list all its values in one --grid {key}=..."
+                     for key in dict.fromkeys(keys) if keys.count(key) > 1]
+        if not all(_is_int(s) for s in self.seeds.split(",")):
             problems.append(f"--seeds must be comma-separated integers, got '{self.seeds}'")
         if self.jobs < 1:
             problems.append(f"--jobs must be at least 1, got {self.jobs}")
-        if self.config and not os.path.isfile(self.config):
+        if self.config and not os.path.exists(self.config):
             problems.append(f"config file '{self.config}' not found; check the path")
         return problems
 
@@ -297,6 +328,8 @@ def main(argv: list[str]) -> int:
     axes, seeds = args.axes(), args.seed_list()
     base = [f"--{s}" for s in args.set]
     runs = [Run(o, seed, args.config) for o in grid(axes) for seed in seeds]
+    if ignored_set_problems(args.set, runs):
+        raise BabyGPTError(*ignored_set_problems(args.set, runs))
     rows = Sweep(args.out, runs, base, args.jobs).run()
     failed = [r for r in rows if r["status"] not in DONE]
     for r in rows:

@@ -28,6 +28,7 @@ from .config import TrainConfig, to_dict, with_resolved_dtype
 from .data import BatchSampler, CharTokenizer, load_dataset
 from .diagnostics import NO_HOOK, LayerDiagnostics, StepHook
 from .model import GPT, GPTConfig
+from .references import is_collapsed, references
 from .rundir import RunDir, owned, run_record
 from .runtime import autocast, check_dtype, resolve_device
 from .signals import StopSignals
@@ -73,6 +74,42 @@ def estimate_loss(model: nn.Module, splits: dict, cfg: TrainConfig, device: torc
         out[split] = (total[0] / total[1]).item()
     model.train(was_training)
     return out
+
+
+@torch.no_grad()
+def full_split_loss(model: nn.Module, data: np.ndarray, cfg: TrainConfig, device: torch.device,
+                    dist: distributed.Dist = distributed.Dist()) -> tuple[float, int]:
+    """(mean loss, targets) over *every* target of ``data``: consecutive, non-overlapping
+    block_size windows (the last one shorter), batch_size windows at a time, dropout off. Unlike
+    estimate_loss it samples nothing, so it is the number to compare runs by. Under torchrun the
+    batches are shared out among the ranks and the sums added up."""
+    was_training = model.training
+    model.eval()
+    T = cfg.model.block_size
+    ids = torch.from_numpy(data.astype(np.int64))
+    n = (len(ids) - 1) // T  # full windows
+    x, y = ids[:n * T].view(n, T), ids[1:n * T + 1].view(n, T)  # (n, T) each
+    batches = [(x[i:i + cfg.batch_size], y[i:i + cfg.batch_size]) for i in range(0, n, cfg.batch_size)]
+    if len(ids) - 1 > n * T:  # the rest: one shorter window
+        batches.append((ids[n * T:-1].view(1, -1), ids[n * T + 1:].view(1, -1)))
+    total = torch.zeros(2, dtype=torch.float64, device=device)  # (summed token losses, targets) on this rank
+    for k, (xb, yb) in enumerate(batches):
+        if k % dist.world_size == dist.rank:
+            with autocast(device, cfg.dtype):
+                loss = model(xb.to(device), yb.to(device))[1].float()  # the mean over the batch's targets
+            total += torch.stack([loss.double() * yb.numel(), torch.tensor(yb.numel(), device=device)])
+    total = dist.sum(total)
+    model.train(was_training)
+    return (total[0] / total[1]).item(), int(total[1].item())
+
+
+def final_evaluation(net: nn.Module, splits: dict, vocab_size: int, cfg: TrainConfig, device: torch.device,
+                     dist: distributed.Dist) -> dict:
+    """summary.json's end-of-run fields: the loss over the whole validation split, with the
+    n-gram reference points of the data beside it (see references.py)."""
+    loss, targets = full_split_loss(net, splits["val"], cfg, device, dist)
+    refs = references(splits["train"], splits["val"], vocab_size)
+    return {"val_loss_full": finite_or_none(loss), "val_targets_full": targets, "references": refs}
 
 
 def compile_or_fall_back(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:
@@ -269,7 +306,13 @@ class Trainer:
         return self._write_summary(status, signum)
 
     def _write_summary(self, status: str, signum: int | None) -> dict:
-        summary = self.state.summary(status, self.cfg.max_iters, signum)
+        """summary.json; a run that finished is first scored on the whole validation split, and
+        called "collapsed" if that is no better than the unigram model of the data."""
+        final = {}
+        if status == "finished":
+            final = final_evaluation(self.net, self.splits, self.tok.vocab_size, self.cfg, self.device, self.dist)
+            status = "collapsed" if is_collapsed(final["val_loss_full"], final["references"]) else status
+        summary = {**self.state.summary(status, self.cfg.max_iters, signum), **final}
         if self.dist.enabled:
             summary["world_size"] = self.dist.world_size
         self.run_dir.write_summary(summary)
@@ -281,7 +324,9 @@ class Trainer:
         if self.main:
             print(f"{self.run_dir.ckpt} is already at iteration {self.state.iter} (max_iters {self.cfg.max_iters}): "
                   f"nothing to train; pass a larger --max_iters to continue", file=sys.stderr)
-        return self.run_dir.finished_summary(self.state.iter) or self._write_summary("finished", None)
+        summary = self.run_dir.finished_summary(self.state.iter)
+        self.dist.barrier()  # every rank has read it before rank 0 may write it
+        return summary or self._write_summary("finished", None)
 
     def _loop(self, stop: StopSignals) -> tuple[str, int | None]:
         """Train until done; returns (status, the signal stopped on)."""

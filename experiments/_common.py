@@ -20,7 +20,10 @@ from babygpt.cli import run  # noqa: E402
 from babygpt.errors import BabyGPTError, Interrupted, unknown_choice  # noqa: E402
 from babygpt.model import PLACEMENTS  # noqa: E402
 from babygpt.options import option, parse_into  # noqa: E402
+from babygpt.data import load_dataset  # noqa: E402
+from babygpt.files import write_atomic  # noqa: E402
 from babygpt.rundir import read_json, write_json  # noqa: E402
+from babygpt.sweep import ignored_set_problems  # noqa: E402
 
 # Training budgets (model shape, context, batch, iterations) of the experiments. Default mode
 # is sized so that each experiment stays within about 15 minutes on a 2-core CPU; quick mode
@@ -119,8 +122,13 @@ def claim(path: str, args, name: str, sweep=None) -> str:
                 f"{k}={had.get(k)!r} there, {wanted.get(k)!r} now" for k in diffs[:4]) + ")"
         raise BabyGPTError(f"{path} {what}; write these results elsewhere with --out DIR, or pass "
                            f"--overwrite to replace them (nothing was changed)")
+    if replace and os.path.join(os.getcwd(), "").startswith(os.path.join(os.path.abspath(path), "")):
+        raise BabyGPTError(f"--overwrite would delete '{path}', which holds the current directory; "
+                           f"give --out a directory of its own")
     if sweep is not None:
         sweep.check(on_disk=not replace)
+    if getattr(args, "data_dir", None):  # the data's problems show now, before --out is touched
+        load_dataset(args.data_dir)
     if replace:
         shutil.rmtree(path)
     os.makedirs(path, exist_ok=True)
@@ -128,9 +136,13 @@ def claim(path: str, args, name: str, sweep=None) -> str:
     return path
 
 
-def budget_args(args, extra: dict | None = None) -> list[str]:
+def budget_args(args, extra: dict | None = None, runs=()) -> list[str]:
+    """The tier's budget (minus the keys the ``runs`` set themselves), ``extra``, then --set."""
     budget = dict(QUICK_BUDGET if args.quick else DEFAULT_BUDGET)
     budget.update(extra or {})
+    budget = {k: v for k, v in budget.items() if not any(k in run.overrides for run in runs)}
+    if ignored_set_problems(args.set, list(runs)):
+        raise BabyGPTError(*ignored_set_problems(args.set, list(runs)))
     return [f"--{k}={v}" for k, v in budget.items()] + [f"--data_dir={args.data_dir}"] + \
         [f"--{s}" for s in args.set]
 
@@ -185,9 +197,9 @@ def write_report(path: str, title: str, command: str, body: str, started: float)
     text = (f"# {title}\n\nCommand: `{command}`\n\n"
             f"Machine: {cpu_name()}, {os.cpu_count()} CPUs, torch {torch.__version__}; "
             f"wall time {time.time() - started:.0f} s\n\n{body}\n")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-    print(text)
+    # surrogateescape: a path given on the command line in another encoding is kept byte for byte
+    write_atomic(path, text.encode("utf-8", "surrogateescape"))
+    print(text.encode("utf-8", "surrogateescape").decode("utf-8", "replace"))
 
 
 def command_line() -> str:

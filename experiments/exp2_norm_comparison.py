@@ -24,6 +24,7 @@ import _common
 
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, save
+from babygpt.state import COMPLETED
 from babygpt.sweep import Run, Sweep
 
 # 30 runs must fit in 15 minutes on a 2-core CPU: 400 iterations (not 500), evals every 100.
@@ -71,13 +72,13 @@ def main(argv):
         lr_runs[name] = {lr: (seed_runs[name][0] if lr == args.base_lr else Run(lr_overrides(lr), 0, config))
                          for lr in lrs}
         runs += seed_runs[name] + [r for lr, r in lr_runs[name].items() if lr != args.base_lr]
-    sweep = Sweep(out, runs, _common.budget_args(args, EXP2_BUDGET if not args.quick else {}), args.jobs)
+    sweep = Sweep(out, runs, _common.budget_args(args, EXP2_BUDGET if not args.quick else {}, runs), args.jobs)
     _common.claim(out, args, "exp2_norm_comparison", sweep)
     rows = _common.finished_rows(sweep)
 
     def final(run):
         r = rows[run.name]
-        return r["final_val_loss"] if r["status"] == "finished" else math.inf
+        return r["final_val_loss"] if r["status"] in COMPLETED else math.inf
 
     table, tolerance = [], {}
     for name in seed_runs:
@@ -90,6 +91,7 @@ def main(argv):
         table.append([
             name, f"{rs[0]['num_params']:,}" if rs[0]["num_params"] else "—",
             f"{sum(r['status'] == 'finished' for r in rs)}/{len(rs)} finished, "
+            f"{sum(r['status'] == 'collapsed' for r in rs)} collapsed, "
             f"{sum(r['status'] == 'diverged' for r in rs)} diverged",
             min(nonfinite) if nonfinite else "—",
             _common.mean_std([r["final_val_loss"] for r in rs]),

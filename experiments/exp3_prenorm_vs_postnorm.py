@@ -54,7 +54,7 @@ def main(argv):
                     {"n_layer": depth, "norm_placement": placement, "norm_type": args.norm_type,
                      "warmup_iters": warmup, "learning_rate": args.lr, "min_lr": args.lr / 10}, 0,
                     label=f"{placement}, warmup {warmup}")
-    sweep = Sweep(out, list(runs.values()), _common.budget_args(args), args.jobs)
+    sweep = Sweep(out, list(runs.values()), _common.budget_args(args, runs=runs.values()), args.jobs)
     _common.claim(out, args, "exp3_prenorm_vs_postnorm", sweep)
     rows = _common.finished_rows(sweep)
 

@@ -22,7 +22,7 @@ def snapshot(root):
             out[os.path.join(dirpath, name)] = "dir"
         for name in files:
             path = os.path.join(dirpath, name)
-            st = os.stat(path)
+            st = os.lstat(path)  # a symlink as itself (it may point nowhere)
             out[path] = (st.st_size, st.st_mtime_ns)
     return out
 
@@ -301,3 +301,89 @@ def test_bench_bad_output_path(argv, fragment, ws, capsys):
     from babygpt import bench
 
     check(bench.main, [*TRAIN, *argv], capsys, ws, fragment)
+
+
+DAMAGED_CHECKPOINTS = {  # field -> a value a damaged (or hand-edited) checkpoint might hold
+    "python_rng": (("rng", "python"), "x"),
+    "torch_rng": (("rng", "torch"), torch.zeros(3)),
+    "numpy_rng": (("rng", "numpy"), ["MT19937", [1, 2]]),
+    "best_val_loss": (("best_val_loss",), "x"),
+    "elapsed": (("elapsed_s",), "x"),
+    "fractional_iter": (("iter",), 5.5),
+    "negative_iter": (("iter",), -5),
+    "text_iter": (("iter",), "5"),
+    "model_config_list": (("model_config",), [1, 2]),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGED_CHECKPOINTS)
+def test_train_resume_from_a_checkpoint_with_damaged_fields(case, ws, capsys):
+    """Refused before config.json or metrics.jsonl are touched (the generator states included)."""
+    keys, value = DAMAGED_CHECKPOINTS[case]
+    ckpt = torch.load(ws / "out" / "ckpt.pt", weights_only=True)
+    node = ckpt
+    for key in keys[:-1]:
+        node = node[key]
+    node[keys[-1]] = value
+    torch.save(ckpt, ws / "out" / "ckpt.pt")
+    check(cli.train_main, [*TRAIN, "--out_dir=out", "--init_from=resume", "--max_iters=20"], capsys, ws, "damaged")
+
+
+@pytest.mark.parametrize("record", ['{"config": 5}', '{"config": {}, "resumes": 5}', "[" * 100000])
+def test_train_resume_with_malformed_config_json(record, ws, capsys):
+    (ws / "out" / "config.json").write_text(record)
+    check(cli.train_main, [*TRAIN, "--out_dir=out", "--init_from=resume", "--max_iters=20"], capsys, ws, "damaged")
+
+
+def test_train_resume_with_absurdly_nested_metrics(ws, capsys):
+    with open(ws / "out" / "metrics.jsonl", "a") as f:
+        f.write("[" * 100000 + "\n" + '{"iter": 10}\n')
+    check(cli.train_main, [*TRAIN, "--out_dir=out", "--init_from=resume", "--max_iters=20"], capsys, ws,
+          "is not a metrics row")
+
+
+@pytest.mark.parametrize("make,fragment", [
+    (lambda: os.symlink("loop_b", "loop_a") or os.symlink("loop_a", "loop_b"), "symlink loop"),
+    (lambda: os.symlink("nowhere/at/all", "dangling"), "already there"),
+])
+def test_train_out_dir_through_a_broken_symlink(make, fragment, ws, capsys):
+    make()
+    target = "loop_a/run" if "loop" in fragment else "dangling"
+    check(cli.train_main, [*TRAIN, f"--out_dir={target}"], capsys, ws, fragment)
+
+
+def test_train_out_dir_with_a_nul_byte_or_too_long_in_total(ws, capsys):
+    check(cli.train_main, [*TRAIN, "--out_dir=out/a\0b"], capsys, ws, "contains a NUL byte")
+    check(cli.train_main, [*TRAIN, "--out_dir=" + "/".join(["a" * 250] * 20)], capsys, ws,
+          "longer than the filesystem's limit")
+
+
+@pytest.mark.parametrize("text,fragment", [("raise BaseException('boom')\n", "failed when run: BaseException"),
+                                           ("n_layer = 4\x00\n", "syntax error")])
+def test_train_config_file_raising_anything(text, fragment, ws, capsys):
+    (ws / "cfg.py").write_text(text)
+    check(cli.train_main, ["cfg.py", *TRAIN], capsys, ws, fragment)
+
+
+def test_config_file_with_a_byte_order_mark_is_read():
+    from babygpt.config import read_config_file
+
+    import tempfile
+    with tempfile.NamedTemporaryFile("wb", suffix=".py", delete=False) as f:
+        f.write("\ufeffn_layer = 3\n".encode("utf-8"))
+    assert read_config_file(f.name) == {"n_layer": 3}
+    os.remove(f.name)
+
+
+def test_sample_temperature_that_would_overflow(ws, capsys):
+    check(cli.sample_main, ["--ckpt=out/ckpt.pt", "--temperature=1e-320"], capsys, ws,
+          "--temperature must be 0 (greedy) or at least 0.001")
+
+
+def test_plot_formats_needing_latex_and_damaged_diagnostics(ws, capsys):
+    from babygpt import plot
+
+    check(plot.main, ["out", "--out=c.pgf"], capsys, ws, "format '.pgf' is not supported")
+    with open(ws / "out" / "metrics.jsonl", "a") as f:
+        f.write('{"iter": 11, "resid_rms": [1, "x"], "grad_norm": 7, "update_ratio": []}\n')
+    check(plot.main, ["out", "--diag", "--out=d.png"], capsys, ws, "diagnostics rows", "damaged")

@@ -171,13 +171,13 @@ def sweep_args(data_dir, *extra):
 
 def test_sweep_checks_every_run_before_starting_any(data_dir, tmp_path):
     (tmp_path / "yaml.py").write_text("n_layer: 2\n")
-    runs = [Run({"n_layer": 2}, 0), Run({"n_layer": 0}, 0), Run({}, 0, config=str(tmp_path / "yaml.py"))]
+    runs = [Run({"max_iters": 5}, 0), Run({"max_iters": -1}, 0), Run({}, 0, config=str(tmp_path / "yaml.py"))]
     sweep = Sweep(str(tmp_path / "sweep"), runs, sweep_args(data_dir, "--max_iter=5"))
     with pytest.raises(BabyGPTError) as e:
         sweep.run(progress=False)
     problems = e.value.problems
     assert problems.count("unknown config key 'max_iter' (did you mean 'max_iters'?)") == 1  # once, not per run
-    assert any("n_layer must be a positive integer" in p for p in problems)
+    assert any("max_iters must be >= 0" in p for p in problems)
     assert any("sets no keys" in p for p in problems)
     assert not os.path.exists(tmp_path / "sweep")  # nothing ran, nothing was written
 
@@ -394,3 +394,58 @@ def test_run_directory_errors_leave_nothing_behind(data_dir, tmp_path):
         train(load_config([f"--data_dir={data_dir}", f"--out_dir={out / ('y' * 300)}", *TINY_TRAIN_ARGS]))
     assert not os.path.exists(out)
     assert RunDir(str(out)).metrics_rows() == []
+
+
+def test_sweep_refuses_set_values_that_would_be_ignored_or_are_malformed(data_dir, tmp_path):
+    from babygpt.sweep import ignored_set_problems
+
+    runs = [Run({"n_layer": 2}, 0)]
+    problems = ignored_set_problems(["seed=5", "n_layer=3", "out_dir=elsewhere", "dropout=0.1"], runs)
+    assert problems == ["--set seed has no effect: each run's seed is set by --seeds",
+                        "--set n_layer has no effect: each run's n_layer is set by the sweep's own grid",
+                        "--set out_dir has no effect: each run's out_dir is set by --out"]
+    sweep = Sweep(str(tmp_path / "sweep"), runs, sweep_args(data_dir, "--help"))
+    with pytest.raises(BabyGPTError, match="malformed --set 'help'"):
+        sweep.check()
+    # An experiment's --set meets the same check (exp3 sets n_layer per run from --depths).
+    from exp3_prenorm_vs_postnorm import Exp3Options
+
+    args = _common.parse(Exp3Options, ["--quick", "--set=n_layer=3"], "exp3", "doc")
+    with pytest.raises(BabyGPTError, match="--set n_layer has no effect"):
+        _common.budget_args(args, runs=runs)
+
+
+def test_sweep_seeds_must_be_plain_integers():
+    from babygpt.options import parse_into
+    from babygpt.sweep import SWEEP_USAGE, SweepOptions
+
+    with pytest.raises(BabyGPTError, match="--seeds must be comma-separated integers"):
+        parse_into(SweepOptions, ["--grid=n_layer=2", "--seeds=\u00b2"], SWEEP_USAGE)
+
+
+def test_undecodable_names_are_handled_as_bytes(tmp_path):
+    from babygpt.files import path_problem
+
+    name = os.fsdecode(b"run-\xff\xfe")  # not UTF-8: Python holds it with surrogate escapes
+    assert path_problem(str(tmp_path / name)) is None
+    assert Run({"norm_type": name * 100}, 0).name.endswith("__seed=0")
+    with owned(str(tmp_path / name), distributed.Dist(), "cpu"):
+        assert os.path.isdir(tmp_path / name)
+
+
+def test_experiment_checks_its_data_before_claiming_the_output(tmp_path, monkeypatch):
+    from exp4_grad_norm_at_init import Exp4Options
+
+    args = _common.parse(Exp4Options, ["--quick", f"--data_dir={tmp_path / 'nodata'}"], "exp4", "doc")
+    monkeypatch.setattr("babygpt.data.urllib.request.urlopen", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))
+    with pytest.raises(BabyGPTError, match="could not download"):
+        _common.claim(str(tmp_path / "out"), args, "exp4")
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_overwrite_never_deletes_the_current_directory(tmp_path, monkeypatch):
+    (tmp_path / "notes.txt").write_text("mine")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BabyGPTError, match="holds the current directory"):
+        _common.claim(".", exp_args("--overwrite"), "exp1")
+    assert (tmp_path / "notes.txt").read_text() == "mine"

@@ -9,7 +9,8 @@ import pytest
 
 from babygpt.errors import BabyGPTError
 from babygpt.plot import diverged_at, load_run
-from babygpt.sweep import Run, Sweep, grid
+from babygpt.state import COMPLETED
+from babygpt.sweep import DONE, Run, Sweep, grid
 from conftest import ROOT, TINY_TRAIN_ARGS, prepare_small_data, run_script
 
 BASE = [a for a in TINY_TRAIN_ARGS if not a.startswith("--device")]
@@ -69,10 +70,10 @@ def test_sweep_runs_skips_finished_resumes_killed_and_reads_divergence(small_swe
     sweep, runs, first = small_sweep
     rows = {r["name"]: r for r in first}
     ok, bad = rows[runs[0].name], rows[runs[1].name]
-    assert ok["status"] == "finished" and ok["exit_code"] == 0 and ok["final_val_loss"] < 3.4
+    assert ok["status"] in COMPLETED and ok["exit_code"] == 0 and ok["final_val_loss"] < 3.4
     assert bad["status"] == "diverged" and bad["exit_code"] == 3 and bad["diverged_at"] >= 1
     on_disk = read_csv(os.path.join(sweep.root, "results.csv"))
-    assert [r["status"] for r in on_disk] == ["finished", "diverged"]
+    assert on_disk[0]["status"] in COMPLETED and on_disk[1]["status"] == "diverged"
     assert on_disk[0]["cfg.norm_type"] == "rmsnorm" and int(on_disk[0]["num_params"]) > 0
 
     # Done runs are not run again.
@@ -87,7 +88,7 @@ def test_sweep_runs_skips_finished_resumes_killed_and_reads_divergence(small_swe
     kept = {name: os.stat(os.path.join(sweep.out_dir(runs[0]), name)).st_mtime_ns
             for name in ("ckpt.pt", "metrics.jsonl", "config.json")}
     rows = sweep.run(progress=False)
-    assert rows[0]["status"] == "finished" and rows[0]["exit_code"] == 0 and os.path.exists(summary)
+    assert rows[0]["status"] in COMPLETED and rows[0]["exit_code"] == 0 and os.path.exists(summary)
     assert {name: os.stat(os.path.join(sweep.out_dir(runs[0]), name)).st_mtime_ns for name in kept} == kept
 
     # Finished runs made with other settings are never mixed into the results.
@@ -102,7 +103,7 @@ def test_sweep_cli(data_dir, tmp_path):
                       "--out", "sw", *[f"--set={a[2:]}" for a in BASE], f"--set=data_dir={data_dir}",
                       "--set=max_iters=5", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert [r["status"] for r in read_csv(tmp_path / "sw" / "results.csv")] == ["finished", "finished"]
+    assert all(r["status"] in COMPLETED for r in read_csv(tmp_path / "sw" / "results.csv"))
     bad = run_script("experiments/sweep.py", "--grid", "norm_typ=layernorm", cwd=tmp_path)
     assert bad.returncode == 2 and "unknown config key" in bad.stderr and "Traceback" not in bad.stderr
 
@@ -142,7 +143,7 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
     if script == "exp2_norm_comparison":
         for config in ("prenorm_none", "postnorm_ln", "prenorm_ln", "prenorm_rms", "postnorm_rms"):
             assert f"| {config} |" in report
-        assert all(r["status"] in ("finished", "diverged") for r in read_csv(tmp_path / "res" / "results.csv"))
+        assert all(r["status"] in DONE for r in read_csv(tmp_path / "res" / "results.csv"))
     if script == "exp3_prenorm_vs_postnorm":
         assert len(read_csv(tmp_path / "res" / "results.csv")) == 4  # 1 depth x 2 placements x 2 warmups
 
@@ -189,10 +190,12 @@ def test_sweep_options_report_every_problem_together():
     from babygpt.sweep import SWEEP_USAGE, SweepOptions
 
     with pytest.raises(BabyGPTError) as err:
-        parse_into(SweepOptions, ["nope.py", "--grid", "x", "--seeds", "a,1", "--jobs", "0", "--sed=1"], SWEEP_USAGE)
+        parse_into(SweepOptions, ["nope.py", "--grid", "x", "--seeds", "a,1", "--jobs", "0", "--sed=1",
+                                  "--grid=n_layer=1,2", "--grid=n_layer=3"], SWEEP_USAGE)
     joined = "\n".join(err.value.problems)
     for fragment in ("malformed --grid 'x'", "--seeds must be comma-separated integers", "--jobs must be at least 1",
-                     "config file 'nope.py' not found", "unknown option '--sed' (did you mean '--seeds'?)"):
+                     "config file 'nope.py' not found", "unknown option '--sed' (did you mean '--seeds'?)",
+                     "--grid n_layer is given 2 times"):
         assert fragment in joined
     ok = parse_into(SweepOptions, ["--grid", "norm_type=layernorm,rmsnorm", "--grid=learning_rate=1e-3",
                                    "--seeds", "0,1"], SWEEP_USAGE)

@@ -14,6 +14,7 @@ import torch
 from babygpt.checkpoint import load_checkpoint, save_checkpoint
 from babygpt.config import load_config
 from babygpt.errors import BabyGPTError
+from babygpt.state import COMPLETED
 from babygpt.trainer import Trainer, train
 from conftest import ROOT, TINY_TRAIN_ARGS, NaNAfter, assert_user_error, prepare_small_data, run_script
 
@@ -116,7 +117,7 @@ def test_checkpoint_older_than_a_model_field_still_resumes(data_dir, tmp_path):
         del ckpt["model_config"][field]
     save_checkpoint(ckpt, str(out / "ckpt.pt"))
     summary = train(load_config([*common, "--max_iters=12", "--init_from=resume"]))
-    assert summary["status"] == "finished" and summary["iter"] == 12
+    assert summary["status"] in COMPLETED and summary["iter"] == 12
 
 
 # ------------------------------------------------------------------ SIGKILL at random moments
@@ -158,7 +159,7 @@ def test_sigkill_at_random_moments_always_resumes(data_dir, tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert comparable(rows(out)) == comparable(rows(reference))
-    assert summary(out)["status"] == "finished" and summary(out)["iter"] == max_iters
+    assert summary(out)["status"] in COMPLETED and summary(out)["iter"] == max_iters
     assert not [f for f in os.listdir(out) if f.startswith(".tmp-")]  # no half-written files left
     assert resumed_from == sorted(resumed_from)
 
@@ -215,7 +216,7 @@ def test_nonfinite_skip_mode_skips_steps_and_finishes(data_dir, tmp_path):
     out = tmp_path / "run"
     trainer = trainer_with_nan(data_dir, out, 35, "--nonfinite=skip")
     s = trainer.train()
-    assert s["status"] == "finished" and s["iter"] == 40
+    assert s["status"] in COMPLETED and s["iter"] == 40
     assert s["first_nonfinite_at"] == 35 and s["skipped_steps"] == 6 and s["diverged_at"] is None
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
     assert rows(out)[-1]["skipped_steps"] == 6
@@ -266,7 +267,7 @@ def test_compile_failure_falls_back_to_eager(data_dir, tmp_path, monkeypatch, ca
     assert trainer.net is trainer.model  # forward passes go through the eager model
     assert "warning: torch.compile failed (RuntimeError: no working C++ compiler); training eagerly" \
         in capsys.readouterr().err
-    assert trainer.train()["status"] == "finished"
+    assert trainer.train()["status"] in COMPLETED
 
 
 @pytest.mark.slow
@@ -288,7 +289,7 @@ def test_summary_of_a_finished_run(data_dir, tmp_path):
                            "--max_iters=10"]))
     on_disk = summary(tmp_path)
     assert on_disk == s
-    assert s["status"] == "finished" and s["iter"] == 10 and s["final_eval_iter"] == 10
+    assert s["status"] in COMPLETED and s["iter"] == 10 and s["final_eval_iter"] == 10
     assert s["best_val_loss"] <= s["final_val_loss"] and s["wall_time_s"] > 0
 
 

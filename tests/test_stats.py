@@ -1,0 +1,46 @@
+"""t-intervals, paired differences and LR sensitivity (babygpt/stats.py)."""
+
+import math
+import statistics
+
+import pytest
+
+from babygpt.stats import (T_975, excludes_zero, lr_sensitivity, mean_ci, paired_difference, t_quantile)
+
+
+def test_t_quantile_table_and_expansion_agree_where_they_meet():
+    assert t_quantile(1) == 12.706 and t_quantile(2) == 4.303 and t_quantile(30) == T_975[-1]
+    assert t_quantile(31) == pytest.approx(2.0395, abs=2e-4)  # exact t_{0.975,31} = 2.0395
+    assert t_quantile(120) == pytest.approx(1.9799, abs=2e-4)
+    assert all(a > b for a, b in zip(T_975, T_975[1:]))
+    with pytest.raises(ValueError):
+        t_quantile(0)
+
+
+def test_mean_ci_is_the_t_interval():
+    values = [2.10, 2.14, 2.12]
+    mean, half = mean_ci(values)
+    assert mean == pytest.approx(2.12)
+    assert half == pytest.approx(4.303 * statistics.stdev(values) / math.sqrt(3))
+    assert math.isnan(mean_ci([1.0])[1])
+
+
+def test_pairing_removes_the_shared_seed_effect():
+    seed_effect = [0.05, -0.04, 0.01, 0.08]  # what each seed does to both configurations
+    a = [2.0 + s for s in seed_effect]
+    b = [2.1 + s + d for s, d in zip(seed_effect, [0.001, -0.001, 0.002, 0.0])]
+    unpaired = mean_ci(a)[1] + mean_ci(b)[1]
+    diff, half = paired_difference(a, b)
+    assert diff == pytest.approx(-0.1005) and half < unpaired / 10
+    assert excludes_zero(diff, half) and not excludes_zero(0.01, 0.02) and not excludes_zero(0.5, math.nan)
+    with pytest.raises(ValueError):
+        paired_difference([1.0], [1.0, 2.0])
+
+
+def test_lr_sensitivity_caps_failures_at_the_initial_loss():
+    init = 4.2
+    flat = {1e-3: 2.0, 3e-3: 2.0, 1e-2: 2.0}
+    assert lr_sensitivity(flat, init) == 0.0
+    # One LR diverged (nan) and one ended above the initial loss: both count as the initial loss.
+    curve = {1e-3: 2.2, 3e-3: 2.0, 1e-2: math.nan, 3e-2: 5.0, 1e-1: 2.6}
+    assert lr_sensitivity(curve, init) == pytest.approx((0.2 + 0.0 + 2.2 + 2.2 + 0.6) / 5)
