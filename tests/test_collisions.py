@@ -138,6 +138,7 @@ def test_second_process_is_refused_while_a_run_trains_and_sigkill_frees_the_lock
     assert resumed.returncode == 0, resumed.stderr
 
 
+@pytest.mark.slow
 def test_two_runs_started_together_never_share_a_directory(data_dir, tmp_path):
     """Whichever gets the lock first trains; the other is refused (in use, or already a run)."""
     out = tmp_path / "run"
