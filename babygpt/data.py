@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .errors import BabyGPTError
-from .files import write_atomic
+from .files import existing_ancestor, write_atomic
 from .options import option
 
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -178,9 +178,7 @@ def load_dataset(data_dir: str) -> tuple[np.ndarray, np.ndarray, CharTokenizer]:
     if os.path.exists(data_dir) and not os.path.isdir(data_dir):
         raise BabyGPTError(f"data_dir '{data_dir}' is a file, not a directory; pass another --data_dir")
     if not is_prepared(data_dir):
-        existing = os.path.abspath(data_dir)
-        while not os.path.exists(existing):
-            existing = os.path.dirname(existing)
+        existing = existing_ancestor(data_dir)
         if not os.access(existing, os.W_OK):  # before downloading anything
             raise BabyGPTError(f"data_dir '{data_dir}' is not prepared and '{existing}' is read-only to you; "
                                f"prepare it where you can write (prepare.py --data_dir DIR) and pass --data_dir=DIR")

@@ -26,6 +26,14 @@ FIXES = {
 }
 
 
+def existing_ancestor(path: str) -> str:
+    """The nearest part of ``path`` (absolute; itself included) that exists: where it would be created."""
+    ancestor = os.path.abspath(path)
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    return ancestor
+
+
 def path_problem(path: str) -> str | None:
     """Why the filesystem could not hold ``path`` ("'x' has a name of 300 bytes, ..."), or None."""
     if "\0" in path:
@@ -119,11 +127,10 @@ def output_file_problems(path: str, option: str, formats: tuple[str, ...] | None
     if formats is not None and extension not in formats:
         what = f"format '.{extension}' is not supported" if extension else "has no extension"
         return [f"{option} '{path}': {what}; end the name with one of: {', '.join('.' + f for f in formats)}"]
-    if path_problem(path):
-        return [f"{option} {path_problem(path)}; use a shorter name"]
-    ancestor = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
+    problem = path_problem(path)
+    if problem:
+        return [f"{option} {problem}; use a shorter name"]
+    ancestor = existing_ancestor(os.path.dirname(os.path.abspath(path)))
     if not os.path.isdir(ancestor):
         return [f"{option} '{path}' cannot be created: '{ancestor}' is a file; fix the path"]
     if not os.access(ancestor, os.W_OK):

@@ -24,7 +24,7 @@ import os
 import torch
 
 from .errors import BabyGPTError
-from .files import atomic_open, path_problem, user_error, write_atomic
+from .files import atomic_open, existing_ancestor, path_problem, user_error, write_atomic
 from .state import COMPLETED
 
 try:
@@ -180,10 +180,10 @@ class RunDir:
             raise BabyGPTError("out_dir is empty; pass --out_dir=DIR")
         if os.path.exists(self.path) and not os.path.isdir(self.path):
             raise BabyGPTError(f"out_dir '{self.path}' is a file, not a directory; choose another --out_dir")
-        _check_name_lengths(self.path)
-        ancestor = os.path.abspath(self.path)
-        while not os.path.exists(ancestor):
-            ancestor = os.path.dirname(ancestor)
+        problem = path_problem(self.path)  # a NUL byte, a name or path too long for the filesystem
+        if problem:
+            raise BabyGPTError(f"out_dir {problem}; choose another --out_dir")
+        ancestor = existing_ancestor(self.path)
         if not os.path.isdir(ancestor):
             raise BabyGPTError(f"out_dir '{self.path}' cannot be created: '{ancestor}' is a file; "
                                f"choose another --out_dir")
@@ -270,11 +270,3 @@ class RunDir:
     def write_summary(self, summary: dict) -> None:
         if self.writes:
             write_json(self.summary, summary)
-
-
-def _check_name_lengths(path: str) -> None:
-    """Refuse a path the filesystem cannot hold: a NUL byte, a name over NAME_MAX bytes (255 on
-    most), or a whole path over PATH_MAX (4096 on Linux)."""
-    problem = path_problem(path)
-    if problem:
-        raise BabyGPTError(f"out_dir {problem}; choose another --out_dir")

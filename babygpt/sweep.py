@@ -328,8 +328,9 @@ def main(argv: list[str]) -> int:
     axes, seeds = args.axes(), args.seed_list()
     base = [f"--{s}" for s in args.set]
     runs = [Run(o, seed, args.config) for o in grid(axes) for seed in seeds]
-    if ignored_set_problems(args.set, runs):
-        raise BabyGPTError(*ignored_set_problems(args.set, runs))
+    ignored = ignored_set_problems(args.set, runs)
+    if ignored:
+        raise BabyGPTError(*ignored)
     rows = Sweep(args.out, runs, base, args.jobs).run()
     failed = [r for r in rows if r["status"] not in DONE]
     for r in rows:

@@ -141,8 +141,9 @@ def budget_args(args, extra: dict | None = None, runs=()) -> list[str]:
     budget = dict(QUICK_BUDGET if args.quick else DEFAULT_BUDGET)
     budget.update(extra or {})
     budget = {k: v for k, v in budget.items() if not any(k in run.overrides for run in runs)}
-    if ignored_set_problems(args.set, list(runs)):
-        raise BabyGPTError(*ignored_set_problems(args.set, list(runs)))
+    ignored = ignored_set_problems(args.set, list(runs))
+    if ignored:
+        raise BabyGPTError(*ignored)
     return [f"--{k}={v}" for k, v in budget.items()] + [f"--data_dir={args.data_dir}"] + \
         [f"--{s}" for s in args.set]
 
