@@ -43,8 +43,27 @@ def diverged_at(run: dict) -> int | None:
     return next((r["diverged_at"] for r in run["metrics"] if r.get("diverged_at")), None)
 
 
+REFERENCE_STYLES = {"unigram": ":", "bigram": "--", "trigram": "-."}
+
+
+def reference_lines(ax, refs: dict | None, initial: float | None = None) -> None:
+    """Grey horizontal lines at the data's n-gram reference losses (babygpt.references) and, if
+    given, the loss at initialisation; call before ``ax.legend()``."""
+    for name, nats in (refs or {}).items():
+        ax.axhline(nats, color="grey", linestyle=REFERENCE_STYLES.get(name, ":"), linewidth=1,
+                   label=f"{name} {nats:.3f}")
+    if initial is not None:
+        ax.axhline(initial, color="black", linestyle=":", linewidth=1, label=f"initial {initial:.3f}")
+
+
+def run_references(runs: list[dict]) -> dict | None:
+    """The reference losses recorded in the runs' summary.json (the first run that has them)."""
+    return next((r["summary"]["references"] for r in runs if isinstance(r["summary"].get("references"), dict)), None)
+
+
 def plot_runs(ax, runs: list[dict], labels: list[str] | None = None, train_loss: bool = True) -> None:
-    """Draw each run's loss curves on ``ax``, with an x where a run diverged."""
+    """Draw each run's loss curves on ``ax``, with an x where a run diverged, over the data's
+    reference losses when the runs' summaries have them."""
     for i, run in enumerate(runs):
         label = labels[i] if labels else os.path.basename(os.path.normpath(run["dir"]))
         color = f"C{i % 10}"
@@ -59,6 +78,7 @@ def plot_runs(ax, runs: list[dict], labels: list[str] | None = None, train_loss:
             ax.plot([at], [last], "x", color=color, markersize=12, markeredgewidth=2.5)
             ax.annotate(f"diverged @ {at}", (at, last), textcoords="offset points", xytext=(4, 6),
                         color=color, fontsize=8)
+    reference_lines(ax, run_references(runs))
     ax.set_xlabel("iteration")
     ax.set_ylabel("loss (line: train, dots: val)" if train_loss else "val loss")
     ax.grid(alpha=0.3)

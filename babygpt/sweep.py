@@ -40,8 +40,8 @@ TRAIN_PY = os.path.join(ROOT, "train.py")
 DONE = (*COMPLETED, "diverged")
 MAX_NAME = 200  # bytes of a run's directory name; longer names are cut and given a hash
 COLUMNS = ["name", "seed", "status", "exit_code", "diverged_at", "first_nonfinite_at", "iter",
-           "final_train_loss", "final_val_loss", "best_val_loss", "val_loss_full", "wall_time_s", "num_params",
-           "out_dir"]
+           "final_train_loss", "final_val_loss", "best_val_loss", "val_loss_full", "val_time_full_s", "wall_time_s",
+           "num_params", "out_dir"]
 
 
 def _fmt(value) -> str:

@@ -106,10 +106,13 @@ def full_split_loss(model: nn.Module, data: np.ndarray, cfg: TrainConfig, device
 def final_evaluation(net: nn.Module, splits: dict, vocab_size: int, cfg: TrainConfig, device: torch.device,
                      dist: distributed.Dist) -> dict:
     """summary.json's end-of-run fields: the loss over the whole validation split, with the
-    n-gram reference points of the data beside it (see references.py)."""
+    n-gram reference points of the data beside it (see references.py), and what the loss cost in seconds."""
+    started = time.perf_counter()
     loss, targets = full_split_loss(net, splits["val"], cfg, device, dist)
+    seconds = round(time.perf_counter() - started, 3)
     refs = references(splits["train"], splits["val"], vocab_size)
-    return {"val_loss_full": finite_or_none(loss), "val_targets_full": targets, "references": refs}
+    return {"val_loss_full": finite_or_none(loss), "val_targets_full": targets, "val_time_full_s": seconds,
+            "references": refs}
 
 
 def compile_or_fall_back(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import shutil
 import signal
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -25,15 +23,18 @@ from babygpt.files import write_atomic  # noqa: E402
 from babygpt.rundir import read_json, write_json  # noqa: E402
 from babygpt.sweep import ignored_set_problems  # noqa: E402
 
-# Training budgets (model shape, context, batch, iterations) of the experiments. Default mode
-# is sized so that each experiment stays within about 15 minutes on a 2-core CPU; quick mode
-# only checks that everything runs.
+# Training budgets (model shape, context, batch, iterations) of the experiments, one per tier
+# (GUIDE §6): quick only checks that everything runs (<= 60 s); the default is sized so that each
+# experiment stays within about 15 minutes on a 2-core CPU; full is train.py's own budget (its
+# defaults: 2,400 iterations of the 0.8M-parameter model), for the few configurations that matter.
 DEFAULT_BUDGET = {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "batch_size": 16,
                   "max_iters": 500, "eval_interval": 50, "eval_iters": 10, "log_interval": 10,
                   "warmup_iters": 50, "dropout": 0.0}
 QUICK_BUDGET = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "batch_size": 8,
                 "max_iters": 10, "eval_interval": 5, "eval_iters": 2, "log_interval": 5,
                 "warmup_iters": 5, "dropout": 0.0}
+FULL_BUDGET: dict = {}
+TIERS = {"quick": QUICK_BUDGET, "default": DEFAULT_BUDGET, "full": FULL_BUDGET}
 
 
 @dataclass
@@ -59,9 +60,14 @@ class DataOptions(Options):
 class TrainingOptions(DataOptions):
     """The options of the experiments that train models through a sweep."""
 
+    full: bool = option(False, "the long tier: train.py's own budget (2,400 iterations) for the configurations "
+                               "that matter (writes to results/full/)")
     jobs: int = option(1, "training runs in parallel")
     set: list[str] = option([], "override a training key for every run, e.g. --set max_iters=1000 (repeatable)",
                             metavar="KEY=VALUE")
+
+    def problems(self) -> list[str]:
+        return ["--quick and --full are two tiers; pass one of them"] if self.quick and self.full else []
 
 
 def parse(cls, argv: list[str], name: str, doc: str):
@@ -86,7 +92,8 @@ SETTINGS_FILE = "settings.json"
 
 
 def tier(args) -> str:
-    return "quick" if args.quick else "default"
+    """quick, default or full (GUIDE §6): every training experiment has the same three."""
+    return "quick" if args.quick else "full" if getattr(args, "full", False) else "default"
 
 
 def output_path(args, name: str) -> str:
@@ -138,7 +145,7 @@ def claim(path: str, args, name: str, sweep=None) -> str:
 
 def budget_args(args, extra: dict | None = None, runs=()) -> list[str]:
     """The tier's budget (minus the keys the ``runs`` set themselves), ``extra``, then --set."""
-    budget = dict(QUICK_BUDGET if args.quick else DEFAULT_BUDGET)
+    budget = dict(TIERS[tier(args)])
     budget.update(extra or {})
     budget = {k: v for k, v in budget.items() if not any(k in run.overrides for run in runs)}
     ignored = ignored_set_problems(args.set, list(runs))
@@ -161,13 +168,28 @@ def finished_rows(sweep) -> dict:
     return {r["name"]: r for r in rows}
 
 
-def mean_std(values: list[float]) -> str:
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    if not values:
-        return "—"
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+def reference_losses(data_dir: str) -> dict:
+    """The data's unigram, bigram and trigram losses (babygpt.references), computed from the data."""
+    from babygpt.references import references
+
+    train, val, tok = load_dataset(data_dir)
+    return references(train, val, tok.vocab_size)
+
+
+def references_section(refs: dict) -> str:
+    """The report's table of reference points, with how they are made and what 'collapsed' means."""
+    from babygpt.references import COLLAPSE_MARGIN
+
+    return ("Reference points of the data (cross-entropy of the validation split under add-one smoothed "
+            "n-gram counts of the train split, `python -m babygpt.references`); a run that ends within "
+            f"{COLLAPSE_MARGIN:g} nats of the unigram loss, or above it, is *collapsed*:\n\n"
+            + table_marker("references")
+            + markdown_table([f"{name} (nats)" for name in refs], [[f"{v:.4f}" for v in refs.values()]]))
+
+
+def table_marker(key: str) -> str:
+    """The line before a report's table that README and docs blocks name (babygpt.doctables)."""
+    return f"<!-- table: {key} -->\n"
 
 
 def markdown_table(header: list[str], rows: list[list]) -> str:

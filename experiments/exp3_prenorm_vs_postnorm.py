@@ -5,7 +5,7 @@ with depth, while Pre-LN trains without it. Here: LayerNorm, Pre-LN and Post-LN,
 layers, each with warmup (100 iterations) and without (0), all at the same learning rate and budget
 (_common.DEFAULT_BUDGET otherwise), seed 0.
 
-    python experiments/exp3_prenorm_vs_postnorm.py [--quick] [--lr LR] [--depths 4,8,12]
+    python experiments/exp3_prenorm_vs_postnorm.py [--quick | --full] [--lr LR] [--depths 4,8,12]
         [--placements pre,post,sandwich,deepnorm] [--norm_type layernorm] [--out DIR]
 
 Writes results.csv (one row per run), prenorm_vs_postnorm.png and report.md.
@@ -32,7 +32,7 @@ class Exp3Options(_common.TrainingOptions):
     norm_type: str = option("layernorm", "the norm of every run")
 
     def problems(self) -> list[str]:
-        problems = _common.placement_problems(self.placements)
+        problems = super().problems() + _common.placement_problems(self.placements)
         if self.depths and not all(d.strip().isdigit() for d in self.depths.split(",")):
             problems.append(f"--depths takes comma-separated integers, got {self.depths!r}")
         return problems
@@ -62,7 +62,7 @@ def main(argv):
     for (depth, placement, warmup), run in runs.items():
         r = rows[run.name]
         table.append([depth, placement, warmup, r["status"], r["diverged_at"] or "—",
-                      f"{r['final_val_loss']:.3f}" if r["final_val_loss"] is not None else "—",
+                      f"{r['val_loss_full']:.3f}" if r["val_loss_full"] is not None else "—",
                       f"{r['best_val_loss']:.3f}" if r["best_val_loss"] is not None else "—",
                       f"{r['wall_time_s']:.1f}" if r["wall_time_s"] is not None else "—"])
 
@@ -74,11 +74,14 @@ def main(argv):
         ax.set_title(f"{depth} layers, lr {args.lr:g}")
     save(fig, os.path.join(out, "prenorm_vs_postnorm.png"))
 
-    budget = _common.QUICK_BUDGET if args.quick else _common.DEFAULT_BUDGET
-    header = ["n_layer", "placement", "warmup", "status", "diverged at", "final val", "best val", "train time (s)"]
-    body = (f"Budget per run: {budget} (n_layer and warmup_iters as listed); lr {args.lr:g}, "
-            f"min_lr {args.lr / 10:g}, norm_type {args.norm_type}, seed 0.\n\n" + _common.markdown_table(header, table)
-            + "\n\n![](prenorm_vs_postnorm.png)")
+    budget = _common.TIERS[_common.tier(args)] or "train.py defaults"
+    header = ["n_layer", "placement", "warmup", "status", "diverged at", "final val (whole split)",
+              "best val (eval windows)", "train time (s)"]
+    body = (f"Tier `{_common.tier(args)}`. Budget per run: {budget} (n_layer and warmup_iters as listed); "
+            f"lr {args.lr:g}, min_lr {args.lr / 10:g}, norm_type {args.norm_type}, seed 0.\n\n"
+            + _common.table_marker("runs")
+            + _common.markdown_table(header, table) + "\n\n" + _common.references_section(
+                _common.reference_losses(args.data_dir)) + "\n\n![](prenorm_vs_postnorm.png)")
     _common.write_report(os.path.join(out, "report.md"), "Pre-LN vs Post-LN, depth and warmup",
                          _common.command_line(), body, started)
     return 0

@@ -1,6 +1,7 @@
 """The sweep engine, the plot module and every experiment's --quick mode."""
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -129,8 +130,6 @@ def test_plot_cli_and_divergence_marker(small_sweep, tmp_path):
     ("exp4_grad_norm_at_init", ["--data_dir={data}", "--placements=pre,post,sandwich,deepnorm"],
      ["grad_norm_at_init.png", "grad_norm_at_init.csv", "report.md"]),
     ("exp3_prenorm_vs_postnorm", ["--data_dir={data}", "--jobs=2"], ["prenorm_vs_postnorm.png", "results.csv", "report.md"]),
-    ("exp2_norm_comparison", ["--data_dir={data}", "--jobs=2"],
-     ["norm_comparison.png", "lr_tolerance.png", "results.csv", "report.md"]),
 ])
 def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
     args = [a.format(data=data_dir) for a in extra]
@@ -140,12 +139,122 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
         assert (tmp_path / "res" / name).stat().st_size > 0, name
     report = (tmp_path / "res" / "report.md").read_text()
     assert "| " in report and "Command: `python experiments/" in report
-    if script == "exp2_norm_comparison":
-        for config in ("prenorm_none", "postnorm_ln", "prenorm_ln", "prenorm_rms", "postnorm_rms"):
-            assert f"| {config} |" in report
-        assert all(r["status"] in DONE for r in read_csv(tmp_path / "res" / "results.csv"))
     if script == "exp3_prenorm_vs_postnorm":
         assert len(read_csv(tmp_path / "res" / "results.csv")) == 4  # 1 depth x 2 placements x 2 warmups
+        assert "<!-- table: runs -->" in report and "<!-- table: references -->" in report
+
+
+def test_exp2_options_are_checked_together(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import _common
+    from exp2_norm_comparison import CORE, Exp2Options, config_name
+
+    assert [config_name(c) for c in _common.parse(Exp2Options, [], "exp2", "doc").config_files()] == list(CORE)
+    with pytest.raises(BabyGPTError) as e:
+        _common.parse(Exp2Options, ["--quick", "--full", "--baseline=nope", "--seeds=1", "--lrs=1e-3,-1",
+                                    "--configs=config/prenorm_ln.py,other/prenorm_ln.py"], "exp2", "doc")
+    joined = "\n".join(e.value.problems)
+    for fragment in ("--quick and --full are two tiers", "--baseline 'nope' is not among", "--seeds must be at least 2",
+                     "--lrs takes positive learning rates", "names a configuration twice",
+                     "--full has no LR grid"):
+        assert fragment in joined
+
+
+def test_exp2_table_pairs_each_configuration_with_the_baseline(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp2_norm_comparison as exp2
+    from babygpt.stats import paired_difference
+
+    configs = {"base": "base.py", "var": "var.py"}
+    seed_runs = {n: [Run({"learning_rate": 1e-3}, s, c) for s in (1, 2, 3)] for n, c in configs.items()}
+    values = {"base": [2.10, 2.20, 2.15], "var": [2.00, 2.12, 2.04]}
+    rows = {r.name: {"status": "finished", "val_loss_full": v, "num_params": 10, "wall_time_s": 1.0}
+            for n in configs for r, v in zip(seed_runs[n], values[n])}
+    text = exp2.tuned_table(configs, seed_runs, rows, values, {"base": 1e-3, "var": 1e-3}, "base", {"var": 0.25})
+    var = next(line for line in text.splitlines() if line.startswith("| var |")).split(" | ")
+    mean, half = paired_difference(values["var"], values["base"])
+    assert var[6] == f"{mean:+.3f} ± {half:.3f}" and var[7] == "better" and var[3] == "0.250"
+    assert "| base | 10 | 0.001 | — | 3 finished |" in text and "(baseline)" in text
+    # A configuration that collapsed at every LR has no LR sensitivity (it would read as ~0, "robust").
+    grid = {1e-3: Run({"learning_rate": 1e-3}, 0, "dead.py"), 1e-2: Run({"learning_rate": 1e-2}, 0, "dead.py")}
+    collapsed = {r.name: {"status": "collapsed", "val_loss_full": 3.35} for r in grid.values()}
+    assert exp2.sensitivity(grid, collapsed, 4.2) is None
+    collapsed[grid[1e-2].name] = {"status": "finished", "val_loss_full": 2.35}
+    assert exp2.sensitivity(grid, collapsed, 4.2) == pytest.approx(0.5)
+    text = exp2.tuned_table(configs, seed_runs, rows, values, {"base": 1e-3, "var": 1e-3}, "base", {"var": None})
+    assert "| var | 10 | 0.001 | — (no LR trains) |" in text
+
+
+def test_loss_plots_draw_the_runs_reference_losses():
+    from babygpt.plot import new_figure, plot_runs
+
+    refs = {"unigram": 3.3473, "bigram": 2.4819, "trigram": 2.0684}
+    run = {"dir": "r", "metrics": [{"iter": 0, "loss": 4.2, "val_loss": 4.2}, {"iter": 5, "loss": 3.0, "val_loss": 3.1}],
+           "summary": {"status": "finished", "references": refs}, "info": {}}
+    fig, ax = new_figure()
+    plot_runs(ax, [run])
+    flat = {line.get_label(): line.get_ydata()[0] for line in ax.get_lines() if len(set(line.get_ydata())) == 1}
+    assert {f"{name} {nats:.3f}": nats for name, nats in refs.items()}.items() <= flat.items()
+    fig, ax = new_figure()
+    plot_runs(ax, [{**run, "summary": {}}])  # a run from before references were recorded: no lines
+    assert not any(line.get_label().startswith("unigram") for line in ax.get_lines())
+
+
+def report_rows(report: str, key: str) -> list[list[str]]:
+    """The cells of the table after ``<!-- table: key -->`` in a report, header row first."""
+    lines = report.splitlines()
+    start = lines.index(f"<!-- table: {key} -->") + 1
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        if not line.startswith("|---"):
+            rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows
+
+
+@pytest.mark.slow
+def test_exp2_tunes_on_seed_0_then_seeds_each_configuration_at_its_own_lr(data_dir, tmp_path):
+    """Quick tier: the LR grid on seed 0, each configuration's best LR, seeds 1-2 there, paired with
+    the baseline; then --full reads those tuned LRs and trains 2 seeds at each, without a grid."""
+    configs = "--configs=" + ",".join(os.path.join(ROOT, "config", c + ".py") for c in ("prenorm_rms", "postnorm_ln"))
+    proc = run_script("experiments/exp2_norm_comparison.py", "--quick", "--out=res", f"--data_dir={data_dir}",
+                      "--jobs=2", configs, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = tmp_path / "res"
+    for name in ("norm_comparison.png", "lr_sensitivity.png", "results.csv", "report.md", "tuned_lrs.json"):
+        assert (res / name).stat().st_size > 0, name
+    rows = read_csv(res / "results.csv")
+    assert all(r["status"] in DONE for r in rows) and len(rows) == 2 * (2 + 2)  # 2 configs x (2 LRs + 2 seeds)
+    grid_rows = [r for r in rows if r["seed"] == "0"]
+    tuned = {}
+    for config in ("prenorm_rms", "postnorm_ln"):
+        mine = [r for r in grid_rows if r["name"].startswith(config + "__")]
+        best = min(mine, key=lambda r: float(r["val_loss_full"]))  # quick runs neither diverge nor tie
+        tuned[config] = float(best["cfg.learning_rate"])
+        seeded = [r for r in rows if r["name"].startswith(config + "__") and r["seed"] != "0"]
+        assert sorted(r["seed"] for r in seeded) == ["1", "2"]
+        assert {float(r["cfg.learning_rate"]) for r in seeded} == {tuned[config]}
+    assert json.loads((res / "tuned_lrs.json").read_text())["tuned"] == tuned
+    report = (res / "report.md").read_text()
+    table = {row[0]: row for row in report_rows(report, "tuned")[1:]}
+    assert table["prenorm_rms"][6] == "(baseline)" and float(table["postnorm_ln"][2]) == tuned["postnorm_ln"]
+    assert table["postnorm_ln"][7] in ("better", "worse", "no difference measured")
+    assert len(report_rows(report, "lr_grid")) == 3 and len(report_rows(report, "references")) == 2
+
+    full = run_script("experiments/exp2_norm_comparison.py", "--full", "--out=full", "--tuned_from=res",
+                      f"--data_dir={data_dir}", "--jobs=2", configs,
+                      *[f"--set={a[2:]}" for a in BASE if not a.startswith("--eval_interval")],
+                      "--set=max_iters=4", "--set=eval_interval=2", cwd=tmp_path, timeout=300)
+    assert full.returncode == 0, full.stderr[-2000:]
+    rows = read_csv(tmp_path / "full" / "results.csv")
+    assert sorted((r["name"].split("__")[0], float(r["cfg.learning_rate"]), r["seed"]) for r in rows) == sorted(
+        (c, lr, s) for c, lr in tuned.items() for s in ("1", "2"))
+    assert not (tmp_path / "full" / "lr_sensitivity.png").exists()
+    missing = run_script("experiments/exp2_norm_comparison.py", "--full", "--out=full2", "--tuned_from=nowhere",
+                         f"--data_dir={data_dir}", cwd=tmp_path)
+    assert missing.returncode == 2 and "run the default tier first" in missing.stderr
+    assert "Traceback" not in missing.stderr and not (tmp_path / "full2").exists()
 
 
 @pytest.mark.slow

@@ -73,7 +73,7 @@ def data_dir(tmp_path_factory):
 def test_summary_reports_whole_split_loss_references_and_collapse(data_dir, tmp_path):
     base = [f"--data_dir={data_dir}", *TINY_TRAIN_ARGS, "--max_iters=30"]
     trained = train(load_config([*base, f"--out_dir={tmp_path / 'a'}"]))
-    assert trained["status"] == "finished" and trained["val_targets_full"] > 0
+    assert trained["status"] == "finished" and trained["val_targets_full"] > 0 and trained["val_time_full_s"] > 0
     refs = trained["references"]
     assert refs["unigram"] > refs["bigram"] > refs["trigram"]
     assert trained["val_loss_full"] < refs["unigram"] - COLLAPSE_MARGIN

@@ -44,3 +44,28 @@ def test_lr_sensitivity_caps_failures_at_the_initial_loss():
     # One LR diverged (nan) and one ended above the initial loss: both count as the initial loss.
     curve = {1e-3: 2.2, 3e-3: 2.0, 1e-2: math.nan, 3e-2: 5.0, 1e-1: 2.6}
     assert lr_sensitivity(curve, init) == pytest.approx((0.2 + 0.0 + 2.2 + 2.2 + 0.6) / 5)
+
+
+def test_tuning_picks_the_lowest_loss_among_runs_that_did_not_diverge():
+    from babygpt.compare import best_lr, run_loss
+
+    by_lr = {1e-3: {"status": "finished", "val_loss_full": 2.3}, 3e-3: {"status": "collapsed", "val_loss_full": 3.3},
+             1e-2: {"status": "diverged", "val_loss_full": None}, 3e-2: {"status": "diverged", "val_loss_full": 1.0}}
+    assert best_lr(by_lr) == 1e-3 and math.isinf(run_loss(by_lr[3e-2])) and run_loss(by_lr[3e-3]) == 3.3
+    assert best_lr({1e-2: by_lr[1e-2]}) is None
+
+
+def test_paired_verdicts_need_an_interval_that_excludes_zero():
+    from babygpt.compare import mean_interval, outcome_counts, paired_against, verdict
+
+    assert [verdict(m, 0.02) for m in (-0.05, 0.05, 0.01)] == ["better", "worse", "no difference measured"]
+    assert verdict(-0.05, math.nan) == "no difference measured"
+    base, var = [2.10, 2.20, 2.15], [2.00, 2.12, 2.04]
+    mean, half = paired_difference(var, base)
+    assert paired_against(var, base) == (f"{mean:+.3f} ± {half:.3f}", "better")
+    # A seed that diverged in either configuration has no pair; one pair is not enough for an interval.
+    assert paired_against([2.0, math.inf, 2.1], [2.1, 2.2, math.inf]) == ("—", "fewer than 2 pairs")
+    assert mean_interval([2.0, math.inf]) == "2.000" and mean_interval([math.inf]) == "—"
+    assert mean_interval([2.0, 2.2]) == f"2.100 ± {mean_ci([2.0, 2.2])[1]:.3f}"
+    rows = [{"status": s} for s in ("finished", "collapsed", "finished", "diverged")]
+    assert outcome_counts(rows) == "2 finished, 1 collapsed, 1 diverged" and outcome_counts([]) == "—"

@@ -1,0 +1,117 @@
+"""Result tables in the README and docs, copied from the experiments' reports so they cannot go stale.
+
+An experiment's report.md puts a marker line before each table it wants to be quotable:
+
+    <!-- table: tuned -->
+    | configuration | ... |
+
+A markdown file quotes it with a block that names the report (relative to the repository root)
+and the table; everything between the two marker lines is generated:
+
+    <!-- generated: results/exp2_norm_comparison/report.md#tuned -->
+    | configuration | ... |
+    <!-- end generated -->
+
+    python -m babygpt.doctables            rewrite the blocks of README.md and docs/results.md
+    python -m babygpt.doctables --check    exit 1, naming each block that differs from its report
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+
+from .errors import BabyGPTError
+from .files import write_atomic
+from .options import option, parse_into
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCUMENTS = ("README.md", os.path.join("docs", "results.md"))
+BLOCK = re.compile(r"(<!-- generated: (?P<source>[^#\s]+)#(?P<key>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)",
+                   re.DOTALL)
+
+
+def report_table(report_path: str, key: str) -> str:
+    """The markdown table that follows ``<!-- table: key -->`` in a report (its lines up to the
+    first line that is not a table row), with a trailing newline."""
+    try:
+        with open(report_path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        raise BabyGPTError(f"{report_path} not found; run its experiment first") from None
+    marker = f"<!-- table: {key} -->"
+    if marker not in lines:
+        raise BabyGPTError(f"{report_path} has no table '{key}' (no line '{marker}'); "
+                           f"run its experiment again or fix the name")
+    start = lines.index(marker) + 1
+    end = start
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    if end == start:
+        raise BabyGPTError(f"{report_path}: no table follows '{marker}'")
+    return "\n".join(lines[start:end]) + "\n"
+
+
+def render(text: str, root: str | None = None) -> str:
+    """``text`` with every generated block replaced by its report's table (paths under ``root``,
+    default the repository)."""
+    root = root or ROOT
+
+    def fill(m: re.Match) -> str:
+        return m.group(1) + report_table(os.path.join(root, m.group("source")), m.group("key")) + m.group(5)
+    return BLOCK.sub(fill, text)
+
+
+def blocks(text: str) -> list[re.Match]:
+    return list(BLOCK.finditer(text))
+
+
+def stale_blocks(path: str, root: str | None = None) -> list[str]:
+    """'path: source#key' for each block of ``path`` whose body differs from its report."""
+    root = root or ROOT
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    return [f"{path}: {m.group('source')}#{m.group('key')}" for m in blocks(text)
+            if m.group("body") != report_table(os.path.join(root, m.group("source")), m.group("key"))]
+
+
+@dataclass
+class DocTablesOptions:
+    """python -m babygpt.doctables's command line."""
+
+    files: list[str] = option([], "markdown files (none: README.md and docs/results.md)", positional=True,
+                              metavar="FILE...")
+    check: bool = option(False, "change nothing; exit 1 if a block differs from its report")
+
+
+def main(argv: list[str]) -> int:
+    args = parse_into(DocTablesOptions, argv, "python -m babygpt.doctables [FILE ...] [--check]",
+                      "Copy the experiments' report tables into the README and docs.")
+    paths = args.files or [os.path.join(ROOT, d) for d in DOCUMENTS]
+    missing = [p for p in paths if not os.path.isfile(p)]
+    if missing:
+        raise BabyGPTError(*[f"no markdown file '{p}'; pass the files to update (default: README.md and "
+                             f"docs/results.md of the repository)" for p in missing])
+    if args.check:
+        stale = [s for p in paths for s in stale_blocks(p)]
+        for s in stale:
+            print(f"stale: {s}", file=sys.stderr)
+        if stale:
+            print("run python -m babygpt.doctables to regenerate them", file=sys.stderr)
+        return 1 if stale else 0
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        new = render(text)  # every block, or an error before anything is written
+        if new != text:
+            write_atomic(path, new.encode("utf-8"))
+            print(f"updated {path} ({len(blocks(text))} generated tables)")
+    return 0
+
+
+if __name__ == "__main__":
+    from .cli import run
+
+    sys.exit(run(main, sys.argv[1:]))
