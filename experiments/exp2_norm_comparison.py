@@ -85,6 +85,8 @@ class Exp2Options(_common.TrainingOptions):
         except ValueError:
             problems.append(f"--lrs takes comma-separated numbers, got {self.lrs!r}")
         names = [config_name(c) for c in self.config_files()]
+        problems += [f"config file '{c}' not found; --configs takes existing files, e.g. config/prenorm_ln.py"
+                     for c in self.config_files() if not os.path.isfile(c)]
         if len(set(names)) < len(names):
             problems.append(f"--configs names a configuration twice ({', '.join(names)}); each needs its own file name")
         if self.baseline is not None and self.baseline not in names:
