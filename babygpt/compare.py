@@ -14,6 +14,9 @@ from .state import COMPLETED
 from .stats import excludes_zero, mean_ci, paired_difference
 
 OUTCOMES = ("finished", "collapsed", "diverged")
+# A verdict (better / worse) needs at least this many seed pairs (GUIDE §6: >= 3 seeds); with fewer
+# the interval is still shown, and the verdict is "no difference measured".
+MIN_PAIRS_FOR_VERDICT = 3
 
 
 def run_loss(row: dict) -> float:
@@ -52,9 +55,12 @@ def verdict(mean: float, half: float) -> str:
 
 def paired_against(losses: list[float], baseline: list[float]) -> tuple[str, str]:
     """(paired difference ± 95% half-width, verdict) of ``losses`` minus ``baseline``, two lists in
-    the same seed order; a seed where either run diverged has no pair."""
+    the same seed order; a seed where either run diverged has no pair. Fewer than
+    MIN_PAIRS_FOR_VERDICT pairs give no verdict, whatever the interval."""
     pairs = [(a, b) for a, b in zip(losses, baseline) if math.isfinite(a) and math.isfinite(b)]
     if len(pairs) < 2:
         return "—", "fewer than 2 pairs"
     mean, half = paired_difference([a for a, _ in pairs], [b for _, b in pairs])
+    if len(pairs) < MIN_PAIRS_FOR_VERDICT:
+        return f"{mean:+.3f} ± {half:.3f}", f"no difference measured ({len(pairs)} pairs)"
     return f"{mean:+.3f} ± {half:.3f}", verdict(mean, half)

@@ -31,7 +31,7 @@ from typing import Optional
 
 import _common
 
-from babygpt.compare import best_lr, mean_interval, outcome_counts, paired_against, run_loss
+from babygpt.compare import MIN_PAIRS_FOR_VERDICT, best_lr, mean_interval, outcome_counts, paired_against, run_loss
 from babygpt.errors import BabyGPTError
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, reference_lines, save
@@ -175,7 +175,8 @@ def write_results(args, plan: Plan, grid, tuned, seed_runs, rows, tuned_from, st
     sensitivities = {n: sensitivity(grid[n], rows, initial[n]) for n in grid}
     sections = [f"Tier `{plan.tier}`. Budget per run: {budget or 'train.py defaults'}; min_lr = lr/10; {how}"
                 f"{seeds} at each configuration's tuned LR, paired with {plan.baseline}. "
-                "Losses are the final evaluation over the whole validation split. "
+                "Losses are the final evaluation over the whole validation split; a verdict (better/worse) "
+                f"needs a paired interval that excludes zero over at least {MIN_PAIRS_FOR_VERDICT} seeds. "
                 f"{len(rows)} runs, {sum(r['wall_time_s'] or 0 for r in rows.values()):.0f} s of training summed over "
                 f"runs (the wall time above is this invocation's, which skips runs already done).",
                 _common.table_marker("tuned") + tuned_table(plan.configs, seed_runs, rows, losses, tuned,

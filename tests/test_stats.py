@@ -65,6 +65,11 @@ def test_paired_verdicts_need_an_interval_that_excludes_zero():
     assert paired_against(var, base) == (f"{mean:+.3f} ± {half:.3f}", "better")
     # A seed that diverged in either configuration has no pair; one pair is not enough for an interval.
     assert paired_against([2.0, math.inf, 2.1], [2.1, 2.2, math.inf]) == ("—", "fewer than 2 pairs")
+    # Two pairs give an interval but no verdict, even one that excludes zero (>= 3 seeds for a verdict).
+    var2, base2 = [2.000, 2.101], [2.100, 2.200]
+    mean, half = paired_difference(var2, base2)
+    assert excludes_zero(mean, half)
+    assert paired_against(var2, base2) == (f"{mean:+.3f} ± {half:.3f}", "no difference measured (2 pairs)")
     assert mean_interval([2.0, math.inf]) == "2.000" and mean_interval([math.inf]) == "—"
     assert mean_interval([2.0, 2.2]) == f"2.100 ± {mean_ci([2.0, 2.2])[1]:.3f}"
     rows = [{"status": s} for s in ("finished", "collapsed", "finished", "diverged")]
