@@ -52,6 +52,8 @@ class TrainConfig(Checked):
     weight_decay: float = option(0.1, "AdamW weight decay on matrices (never on norm gains or biases)")
     beta1: float = option(0.9, "AdamW beta1")
     beta2: float = option(0.99, "AdamW beta2")
+    adam_eps: float = option(1e-8, "AdamW eps, added to sqrt(v) in the update's denominator: a gradient much "
+                                   "smaller than it gets a proportionally smaller step")
     grad_clip: float = option(1.0, "clip the global gradient norm to this; 0 = off")
     warmup_iters: int = option(100, "linear warmup from 0 to learning_rate over this many iterations")
     lr_decay_iters: Optional[int] = option(None, "cosine decay reaches min_lr here; none = max_iters")
@@ -61,8 +63,9 @@ class TrainConfig(Checked):
     eval_interval: int = option(400, "evaluate train/val loss and checkpoint every this many iterations")
     eval_iters: int = option(50, "batches per split in each evaluation")
     log_interval: int = option(10, "write a metrics row every this many iterations")
-    diag_interval: int = option(0, "every this many iterations, log per-layer stream RMS, grad norm and "
-                                 "update/weight ratio (babygpt/diagnostics.py); 0 = off")
+    diag_interval: int = option(0, "every this many iterations, log per-layer stream RMS, max attention "
+                                 "logit, token independence, grad norm and update/weight ratio "
+                                 "(babygpt/diagnostics.py); 0 = off")
     init_from: Literal["scratch", "resume"] = option("scratch", "resume continues from out_dir/ckpt.pt")
     nonfinite: Literal["stop", "skip"] = option(
         "stop", "on a non-finite loss: stop the run (status diverged), or skip that step and go on")
@@ -92,6 +95,9 @@ class TrainConfig(Checked):
         for name in ("weight_decay", "grad_clip"):
             if not getattr(self, name) >= 0:
                 problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 < self.adam_eps <= 1:
+            problems.append(f"adam_eps must be in (0, 1], got {self.adam_eps!r}: AdamW divides by "
+                            f"sqrt(v) + adam_eps, and a weight whose gradient is exactly 0 would get 0/0")
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 problems.append(f"{name} must be in [0, 1), got {getattr(self, name)}")

@@ -8,6 +8,13 @@ optimizer step adds one row to ``metrics.jsonl`` with a value per block (layer 0
                 step's last batch with the weights of before the step: the training pass
                 itself is left alone (no hooks inside a compiled or DDP-wrapped model, no random
                 numbers drawn), so a run with diagnostics trains exactly like one without.
+  attn_logit_max  the largest pre-softmax attention score q.k / sqrt(D) of block l over the batch,
+                heads and visible positions (same extra pass). Scores that keep growing saturate
+                the softmax into one-hot attention (Dehghani et al. 2023; Wortsman et al. 2023).
+  token_independence  how much of the stream leaving block l is the same at every position of a
+                sequence: sum over (b, c) of T * mean_t(x)^2, divided by sum of x^2 (same extra
+                pass). 1 means the stream no longer depends on which token sits where, so the
+                model can predict only character frequencies; unrelated positions give about 1/T.
   grad_norm     L2 norm of the gradient of all of block l's parameters, before clipping.
   update_ratio  ||new - old|| / ||old|| over block l's parameters for this step: how far the
                 optimizer moved the block relative to its size (about 1e-3 is typical of Adam
@@ -23,7 +30,7 @@ import math
 import torch
 import torch.nn as nn
 
-KEYS = ("resid_rms", "grad_norm", "update_ratio")
+KEYS = ("resid_rms", "attn_logit_max", "token_independence", "grad_norm", "update_ratio")
 
 
 class StepHook:
@@ -46,6 +53,14 @@ class StepHook:
 NO_HOOK = StepHook()
 
 
+def token_independence(x: torch.Tensor) -> torch.Tensor:
+    """Share of the mean square of ``x`` (B, T, C) carried by its mean over positions (a scalar):
+    1 when every position of a sequence holds the same vector."""
+    x = x.float()
+    T = x.shape[1]
+    return T * x.mean(dim=1).pow(2).sum() / x.pow(2).sum().clamp_min(1e-30)
+
+
 def _flat_norm(tensors) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.float()) for t in tensors]))
 
@@ -63,13 +78,24 @@ class LayerDiagnostics(StepHook):
 
     @torch.no_grad()
     def stream(self, idx: torch.Tensor) -> None:
-        """RMS of the residual stream after each block, for token ids ``idx`` (B, T). Called first
-        in a measured step, so it also clears the previous step's values (a step that is then
-        skipped must not report an old update ratio)."""
+        """The stream's RMS and token independence after each block, and each block's largest
+        attention logit, for token ids ``idx`` (B, T). Called first in a measured step, so it
+        also clears the previous step's values (a step that is then skipped must not report an
+        old update ratio)."""
         self.values = {}
         rms: list[torch.Tensor] = []
-        hooks = [b.register_forward_hook(lambda m, inp, out: rms.append(out.float().pow(2).mean().sqrt()))
-                 for b in self.blocks]
+        share: list[torch.Tensor] = []
+        logit_max: list[torch.Tensor] = []
+
+        def after_block(module, inputs, out):  # out: (B, T, C), the stream leaving the block
+            rms.append(out.float().pow(2).mean().sqrt())
+            share.append(token_independence(out))
+
+        def after_attention(module, inputs, out):  # inputs[0]: (B, T, C), what the attention reads
+            logit_max.append(module.attention_logits(inputs[0]).float().max())
+
+        hooks = [b.register_forward_hook(after_block) for b in self.blocks]
+        hooks += [b.sa.register_forward_hook(after_attention) for b in self.blocks]
         was_training = self.model.training
         self.model.eval()
         try:
@@ -79,6 +105,8 @@ class LayerDiagnostics(StepHook):
             for h in hooks:
                 h.remove()
         self.values["resid_rms"] = torch.stack(rms).tolist()  # (L,)
+        self.values["token_independence"] = torch.stack(share).tolist()
+        self.values["attn_logit_max"] = torch.stack(logit_max).tolist()
 
     @torch.no_grad()
     def grads(self) -> None:

@@ -20,6 +20,7 @@ from .norms import NORMS, Norm, NormOptions, build_norm, qk_norm_refusal
 from .options import option
 
 PLACEMENTS = ("pre", "post", "sandwich", "deepnorm")  # see the Block docstring
+INITS = ("gpt2", "xavier")  # see GPT._init_weights
 # Placements whose residual stream reaches the LM head un-normalized: ln_f is on by default for these.
 FINAL_NORM_BY_DEFAULT = ("pre", "sandwich")
 
@@ -43,6 +44,10 @@ class GPTConfig(Checked):
         None, "norm before the LM head; none = on for pre/sandwich, off for post/deepnorm")
     qk_norm: bool = option(False, "normalize queries and keys per head with norm_type before attention")
     dyt_alpha_init: float = option(0.5, "initial alpha of norm_type dyt: y = gamma*tanh(alpha*x)+beta")
+    init: str = option(
+        "gpt2", "weight init: gpt2 = N(0, 0.02), residual projections / sqrt(2 n_layer), stream RMS about "
+                "0.03; xavier = Xavier-uniform Linear weights, embeddings N(0, 1/n_embd) times sqrt(n_embd), "
+                "stream RMS about 1 (Vaswani et al. 2017, Xiong et al. 2020); DeepNorm: its own beta gains")
 
     def problems(self) -> list[str]:
         """Every problem with these fields, one message each, so that all are reported at once."""
@@ -60,6 +65,8 @@ class GPTConfig(Checked):
             problems.append(unknown_choice("norm_type", self.norm_type, NORMS))
         if self.norm_placement not in PLACEMENTS:
             problems.append(unknown_choice("norm_placement", self.norm_placement, PLACEMENTS))
+        if self.init not in INITS:
+            problems.append(unknown_choice("init", self.init, INITS))
         problems += self.norm_options().problems()
         if self.qk_norm and self.norm_type in NORMS:
             reason = qk_norm_refusal(self.norm_type)
@@ -130,13 +137,30 @@ class MultiHeadAttention(nn.Module):
             self.q_norm = make_norm(cfg, cfg.n_embd // cfg.n_head)  # over D
             self.k_norm = make_norm(cfg, cfg.n_embd // cfg.n_head)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of ``x`` (B, T, C), each (B, H, T, D); with ``qk_norm`` the
+        queries and keys are normalized, each D-vector on its own."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
         # (B, T, C) -> (B, H, T, D): heads become a batch dimension
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)  # (B, H, T, D), each D-vector normalized on its own
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
+
+    def attention_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The pre-softmax scores q.k / sqrt(D) of ``x`` (B, T, C), as (B, H, T, T), -inf where
+        the causal mask hides a position. Forward computes the same inside its fused kernel; this
+        explicit version is for diagnostics (their growth saturates the softmax)."""
+        q, k, _ = self.heads(x)
+        T = x.shape[1]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, T)
+        visible = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        return scores.masked_fill(~visible, float("-inf"))
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.heads(x)  # 3 x (B, H, T, D)
         causal = True
         if cache is not None:
             if cache.length and T != 1:
@@ -199,7 +223,7 @@ class Block(nn.Module):
     residual up-weighted by the paper's alpha (``residual_scale`` here, not to be
     confused with DyT's alpha) = (2N)^(1/4), N = n_layer (the decoder-only value),
     so each update is small relative to the stream; ``ln_f`` is off as for Post-LN,
-    and its init is in GPT._init_weights::
+    and its beta init is in GPT._init_weights::
 
         x ──┬─► ×α ───────────────► (+) ─► ln1 ──┬─► ×α ─────────────────► (+) ─► ln2 ──►
             └─► sa ─► drop ─────────┘            └─► ffwd ─► drop ─────────┘
@@ -247,56 +271,108 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         # Weight tying (Press & Wolf 2017): the output layer reuses the input embedding matrix.
         self.lm_head.weight = self.tok_emb.weight
+        # Xavier init gives the token embeddings std 1/sqrt(C); scaling them by sqrt(C) on the
+        # way in starts the stream at unit RMS (Vaswani et al. 2017), while the tied LM head reads
+        # the unscaled matrix. GPT-2 init has no such factor.
+        self.emb_scale = math.sqrt(cfg.n_embd) if cfg.init == "xavier" else 1.0
         self._init_weights()
 
     def _init_weights(self):
-        """GPT-2 initialisation: N(0, 0.02) everywhere, zero biases; the two projections
-        that write into the residual stream use 0.02 / sqrt(2 * n_layer) so the stream's
-        variance does not grow with depth. Norm gains and biases keep their own init.
+        """Initialise every weight by ``config.init``; norm gains and biases keep their own init.
 
-        DeepNorm replaces that depth factor by its own: the paper initialises the FFN
-        weights and the attention value and output projections with Xavier-normal of
-        gain beta = (8N)^(-1/4), the query and key projections with gain 1. Our base init
-        is GPT-2's N(0, 0.02) rather than Xavier, so under "deepnorm": ffwd.fc, ffwd.proj,
-        sa.proj and the value rows [2C:3C] of the fused sa.qkv weight (3C, C) get std
-        0.02 * beta; the query and key rows [0:2C] keep 0.02; and the 1/sqrt(2 * n_layer)
-        factor is *not* applied, since beta already is the depth scaling (both would
-        shrink the residual branches twice)."""
+        ``gpt2`` (GPT-2, Radford et al. 2019; nanoGPT): N(0, 0.02) for every Linear weight and
+        both embeddings, zero biases; the two projections that write into the residual stream
+        (sa.proj, ffwd.proj) use 0.02 / sqrt(2 * n_layer) so the stream's variance does not
+        grow with depth. The embeddings' RMS is about 0.03 (token plus position), so the
+        stream starts small and the first blocks' outputs dominate it.
+
+        ``xavier`` (the original Transformer, Vaswani et al. 2017, and the setting of Xiong et
+        al. 2020, arXiv:2002.04745): Xavier-uniform Linear weights,
+        std sqrt(2 / (fan_in + fan_out)), with the fused sa.qkv (3C, C) treated as the paper's
+        three (C, C) matrices W^Q, W^K, W^V, each initialised on its own; zero biases; token and
+        position embeddings N(0, 1/C), the token embeddings multiplied by sqrt(C) in forward
+        (``emb_scale``), so the stream starts at RMS about sqrt(1 + 1/C); no depth factor. The
+        embeddings follow fairseq's transformer (token and learned position embeddings
+        N(0, 1/C), only the token ones scaled by sqrt(C)).
+
+        DeepNorm (Wang et al. 2022, arXiv:2203.00555, Figure 2's pseudocode) initialises the
+        FFN weights and the attention value and output projections with Xavier-normal of gain
+        beta = (8N)^(-1/4), the query and key projections with gain 1, and drops the depth
+        factor (beta already is the depth scaling). Under ``xavier`` that is done exactly;
+        under ``gpt2``, whose base is N(0, 0.02) rather than Xavier, the same weights get std
+        0.02 * beta and the query and key rows keep 0.02."""
+        if self.config.init == "xavier":
+            self._init_xavier()
+        else:
+            self._init_gpt2()
+
+    def _attention_matrices(self, block: Block) -> dict[str, torch.Tensor]:
+        """The (C, C) views of one block's W^Q, W^K, W^V (rows of the fused qkv weight) and W^O."""
+        C, w = self.config.n_embd, block.sa.qkv.weight  # (3C, C)
+        return {"q": w[:C], "k": w[C:2 * C], "v": w[2 * C:], "o": block.sa.proj.weight}
+
+    def _init_gpt2(self):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
-        C, N = self.config.n_embd, self.config.n_layer
+        N = self.config.n_layer
         for block in self.blocks:
             if self.config.norm_placement == "deepnorm":
-                std = 0.02 * (8 * N) ** -0.25
-                for w in (block.ffwd.fc.weight, block.ffwd.proj.weight, block.sa.proj.weight,
-                          block.sa.qkv.weight[2 * C:]):  # the last is a (C, C) view: the value rows
-                    nn.init.normal_(w, mean=0.0, std=std)
+                attn = self._attention_matrices(block)
+                for w in (block.ffwd.fc.weight, block.ffwd.proj.weight, attn["o"], attn["v"]):
+                    nn.init.normal_(w, mean=0.0, std=0.02 * (8 * N) ** -0.25)
             else:
                 nn.init.normal_(block.sa.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * N))
                 nn.init.normal_(block.ffwd.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * N))
+
+    def _init_xavier(self):
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        C, N = self.config.n_embd, self.config.n_layer
+        for block in self.blocks:
+            attn = self._attention_matrices(block)
+            if self.config.norm_placement == "deepnorm":
+                beta = (8 * N) ** -0.25
+                for w in (block.ffwd.fc.weight, block.ffwd.proj.weight, attn["v"], attn["o"]):
+                    nn.init.xavier_normal_(w, gain=beta)
+                for w in (attn["q"], attn["k"]):
+                    nn.init.xavier_normal_(w, gain=1.0)
+            else:
+                for w in (attn["q"], attn["k"], attn["v"]):
+                    nn.init.xavier_uniform_(w)
+        # Last: the tied LM head, a Linear, was given Xavier above.
+        nn.init.normal_(self.tok_emb.weight, mean=0.0, std=C ** -0.5)
+        nn.init.normal_(self.pos_emb.weight, mean=0.0, std=C ** -0.5)
 
     def num_params(self) -> int:
         """Number of distinct parameters (the tied embedding counted once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
-        """idx, targets: (B, T) token ids. Returns logits (B, T, V) and the mean
-        cross-entropy loss (a scalar; None without targets). With a ``cache``, idx continues
-        the sequence already in it (its positions start at ``cache.length``)."""
+    def hidden(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """The final hidden state (B, T, C) of token ids idx (B, T): the stream after the last
+        block and ln_f, which the LM head reads. With a ``cache``, idx continues the sequence
+        already in it (its positions start at ``cache.length``)."""
         B, T = idx.shape
         start = cache.length if cache is not None else 0
         if start + T > self.config.block_size:
             raise ValueError(f"sequence length {start + T} exceeds block_size {self.config.block_size}")
         pos = torch.arange(start, start + T, device=idx.device)  # (T,)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, C)
+        x = self.drop(self.tok_emb(idx) * self.emb_scale + self.pos_emb(pos))  # (B, T, C)
         for layer, block in enumerate(self.blocks):
             x = block(x, cache, layer)  # (B, T, C)
         if cache is not None:
             cache.length += T
-        x = self.ln_f(x)
+        return self.ln_f(x)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
+        """idx, targets: (B, T) token ids. Returns logits (B, T, V) and the mean
+        cross-entropy loss (a scalar; None without targets); ``cache`` as in ``hidden``."""
+        x = self.hidden(idx, cache)  # (B, T, C)
         logits = self.lm_head(x)  # (B, T, V)
         loss = None
         if targets is not None:
@@ -362,7 +438,8 @@ class GPT(nn.Module):
         return torch.cat([idx, *new], dim=1)
 
     def configure_optimizers(self, weight_decay: float, learning_rate: float,
-                             betas: tuple[float, float] = (0.9, 0.99), fused: bool = False):
+                             betas: tuple[float, float] = (0.9, 0.99), fused: bool = False,
+                             eps: float = 1e-8):
         """AdamW with two groups: matrices (dim >= 2: embeddings, Linear weights) are
         decayed; vectors and scalars (norm gains and biases, ScaleNorm's g, DyT's alpha)
         are not, since shrinking a gain towards zero fights the normalization it belongs to."""
@@ -379,4 +456,4 @@ class GPT(nn.Module):
             {"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps, fused=fused)

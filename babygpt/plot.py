@@ -113,10 +113,13 @@ def plot_diagnostics(run: dict, at: list[int] | None = None):
                                f"{iters[1] - iters[0] if len(iters) > 1 else iters[0]} iterations, "
                                f"from {iters[0]} to {iters[-1]}")
     else:  # the first, middle and last iterations where every value is finite (a diverged run ends in NaN)
-        ok = [i for n, i in enumerate(iters) if all(math.isfinite(v) for k in KEYS for v in values[k][n])]
+        # Runs from before a quantity existed have none of it: judge by the quantities present.
+        present = [k for k in KEYS if any(math.isfinite(v) for vs in values[k] for v in vs)]
+        ok = [i for n, i in enumerate(iters) if all(math.isfinite(v) for k in present for v in values[k][n])]
         at = sorted({ok[0], ok[len(ok) // 2], ok[-1]}) if ok else [iters[0]]
     titles = {"resid_rms": "residual stream RMS after block", "grad_norm": "gradient norm of block",
-              "update_ratio": "update / weight ratio of block"}
+              "update_ratio": "update / weight ratio of block", "attn_logit_max": "max attention logit in block",
+              "token_independence": "share of stream same at every position"}
     fig, axes = new_figure(2, len(KEYS), figsize=(5 * len(KEYS), 7.5))
     for col, key in enumerate(KEYS):
         data = np.array(values[key], dtype=float).T  # (L, n_iters)

@@ -242,7 +242,8 @@ class Trainer:
                                              self.dist.train_seed(cfg.seed), self.device))
         self.model = seeded_model(self.model_cfg, cfg.seed, self.device, self.dist)
         self.optimizer = self.model.configure_optimizers(
-            cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), fused=self.device.type == "cuda")
+            cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), fused=self.device.type == "cuda",
+            eps=cfg.adam_eps)
         # Loss scaling is needed only for float16 (its narrow exponent range underflows small gradients).
         self.scaler = torch.amp.GradScaler(self.device.type,
                                            enabled=self.device.type == "cuda" and cfg.dtype == "float16")

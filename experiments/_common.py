@@ -168,6 +168,14 @@ def finished_rows(sweep) -> dict:
     return {r["name"]: r for r in rows}
 
 
+def training_time(rows) -> str:
+    """How much training a report's runs cost, summed from their own records: the report's wall time
+    is only its invocation's, which skips runs already done."""
+    rows = list(rows)
+    return (f"{len(rows)} runs, {sum(r['wall_time_s'] or 0 for r in rows):.0f} s of training summed over "
+            f"runs (the wall time above is this invocation's, which skips runs already done)")
+
+
 def reference_losses(data_dir: str) -> dict:
     """The data's unigram, bigram and trigram losses (babygpt.references), computed from the data."""
     from babygpt.references import references
@@ -185,6 +193,11 @@ def references_section(refs: dict) -> str:
             f"{COLLAPSE_MARGIN:g} nats of the unigram loss, or above it, is *collapsed*:\n\n"
             + table_marker("references")
             + markdown_table([f"{name} (nats)" for name in refs], [[f"{v:.4f}" for v in refs.values()]]))
+
+
+def table_section(heading: str, intro: str, key: str, table: str) -> str:
+    """A report section: its heading, what its table shows, and the table marked for the docs."""
+    return f"## {heading}\n\n{intro}\n\n{table_marker(key)}{table}\n\n"
 
 
 def table_marker(key: str) -> str:

@@ -177,8 +177,7 @@ def write_results(args, plan: Plan, grid, tuned, seed_runs, rows, tuned_from, st
                 f"{seeds} at each configuration's tuned LR, paired with {plan.baseline}. "
                 "Losses are the final evaluation over the whole validation split; a verdict (better/worse) "
                 f"needs a paired interval that excludes zero over at least {MIN_PAIRS_FOR_VERDICT} seeds. "
-                f"{len(rows)} runs, {sum(r['wall_time_s'] or 0 for r in rows.values()):.0f} s of training summed over "
-                f"runs (the wall time above is this invocation's, which skips runs already done).",
+                f"{_common.training_time(rows.values())}.",
                 _common.table_marker("tuned") + tuned_table(plan.configs, seed_runs, rows, losses, tuned,
                                                             plan.baseline, sensitivities),
                 _common.references_section(refs), "![](norm_comparison.png)"]

@@ -1,14 +1,27 @@
-"""Experiment 3: Pre-LN vs Post-LN as depth grows, with and without learning-rate warmup.
+"""Experiment 3: stability maps of Pre-LN, Post-LN and DeepNorm over learning rate, warmup, depth and init.
 
-Xiong et al. 2020 (arXiv:2002.04745) report that Post-LN needs warmup and that the need grows
-with depth, while Pre-LN trains without it. Here: LayerNorm, Pre-LN and Post-LN, at 4, 8 and 12
-layers, each with warmup (100 iterations) and without (0), all at the same learning rate and budget
-(_common.DEFAULT_BUDGET otherwise), seed 0.
+Xiong et al. 2020 (arXiv:2002.04745) and Liu et al. 2020 (arXiv:2004.08249) report that Post-LN
+needs learning-rate warmup, more so as depth grows, while Pre-LN trains without it; DeepNet (Wang
+et al. 2022, arXiv:2203.00555) that DeepNorm makes Post-LN stable. Each cell of the map is one
+configuration (placement, init, depth, warmup, learning rate) run with every seed; each run ends
+finished, collapsed (no better than the unigram loss) or diverged. The learning rate is constant
+after the linear warmup (min_lr = learning_rate), so warmup is the only schedule at work.
 
-    python experiments/exp3_prenorm_vs_postnorm.py [--quick | --full] [--lr LR] [--depths 4,8,12]
-        [--placements pre,post,sandwich,deepnorm] [--norm_type layernorm] [--out DIR]
+Tiers (the grid and budget of each; any of --lrs, --depths, --warmups, --inits, --seeds replaces
+its part of the grid):
+  quick    1 LR, depth 2, warmup 0 and 5, Xavier init, 1 seed, the tiny model: checks the pipeline.
+  default  the slice that answers the warmup question in about 15 minutes: Xavier init (the
+           papers' setting), LR 1e-3 ... 3e-2, warmup 0, 15 and 75 of 150 iterations, depth 6
+           and 12, 2 seeds; width 64, context 32, batch 16.
+  full     the rest: both inits, LR 3e-4 ... 3e-2, warmup 0, 50 and 250 of 500 iterations, depth 6
+           and 12, 2 seeds; width 128, context 64, batch 16 (experiment 2's default-tier model).
 
-Writes results.csv (one row per run), prenorm_vs_postnorm.png and report.md.
+    python experiments/exp3_prenorm_vs_postnorm.py [--quick | --full] [--jobs N] [--lrs 1e-3,3e-3]
+        [--depths 6,12] [--warmups 0,15,75] [--inits gpt2,xavier] [--seeds 2]
+        [--placements pre,post,deepnorm] [--norm_type layernorm] [--out DIR]
+
+Writes results.csv (one row per run), stability_map.png and report.md (the largest stable LR per
+init, placement, depth and warmup, and the whole map).
 """
 
 import os
@@ -18,71 +31,186 @@ from typing import Optional
 
 import _common
 
+from babygpt.compare import run_loss
+from babygpt.model import INITS
 from babygpt.options import option
-from babygpt.plot import load_run, new_figure, plot_runs, save
+from babygpt.plot import new_figure, save
 from babygpt.sweep import Run, Sweep
+
+GRIDS = {
+    "quick": {"lrs": "1e-2", "depths": "2", "warmups": "0,5", "inits": "xavier", "seeds": 1},
+    "default": {"lrs": "1e-3,3e-3,1e-2,3e-2", "depths": "6,12", "warmups": "0,15,75", "inits": "xavier",
+                "seeds": 2},
+    "full": {"lrs": "3e-4,1e-3,3e-3,1e-2,3e-2", "depths": "6,12", "warmups": "0,50,250", "inits": "gpt2,xavier",
+             "seeds": 2},
+}
+# Per-run budgets on top of the tier's (_common.TIERS); n_layer, warmup_iters and the LR come from the grid.
+BUDGETS = {
+    "quick": {},
+    "default": {"n_embd": 64, "n_head": 4, "block_size": 32, "batch_size": 16, "max_iters": 150,
+                "eval_interval": 50, "eval_iters": 5, "log_interval": 10, "dropout": 0.0},
+    "full": dict(_common.DEFAULT_BUDGET),
+}
+OUTCOME_CODE = {"finished": None, "collapsed": "C", "diverged": "D"}  # a finished run shows its loss
 
 
 @dataclass
 class Exp3Options(_common.TrainingOptions):
-    lr: float = option(3e-3, "learning rate of every run")
-    depths: Optional[str] = option(None, "comma-separated n_layer values (none: 4,8,12; quick 2)")
-    warmup: Optional[int] = option(None, "warmup iterations of the warmup runs (none: 100; quick 5)")
-    placements: str = _common.placements_option()
+    lrs: Optional[str] = option(None, "comma-separated learning rates (none: the tier's grid)")
+    depths: Optional[str] = option(None, "comma-separated n_layer values (none: the tier's)")
+    warmups: Optional[str] = option(None, "comma-separated warmup_iters values (none: the tier's)")
+    inits: Optional[str] = option(None, "comma-separated inits among " + ",".join(INITS) + " (none: the tier's)")
+    seeds: Optional[int] = option(None, "seeds per cell, 0..N-1 (none: the tier's)")
+    placements: str = option("pre,post,deepnorm", "comma-separated norm placements, among pre,post,sandwich,deepnorm")
     norm_type: str = option("layernorm", "the norm of every run")
 
     def problems(self) -> list[str]:
         problems = super().problems() + _common.placement_problems(self.placements)
-        if self.depths and not all(d.strip().isdigit() for d in self.depths.split(",")):
-            problems.append(f"--depths takes comma-separated integers, got {self.depths!r}")
+        for name, kind in (("lrs", float), ("depths", int), ("warmups", int)):
+            text = getattr(self, name)
+            if text is not None and not _parses(text, kind):
+                problems.append(f"--{name} takes comma-separated {'positive numbers' if kind is float else 'integers'}"
+                                f", got {text!r}")
+        bad = [i for i in (self.inits or "").split(",") if self.inits and i not in INITS]
+        if bad:
+            problems.append(_common.unknown_choice("init", bad[0], INITS))
+        if self.seeds is not None and self.seeds < 1:
+            problems.append(f"--seeds must be at least 1, got {self.seeds}")
         return problems
+
+
+def _parses(text: str, kind) -> bool:
+    try:
+        return all(kind(v) > 0 or (kind is int and kind(v) == 0) for v in text.split(","))
+    except ValueError:
+        return False
+
+
+@dataclass
+class Grid:
+    """The map's axes, read from the options over the tier's defaults."""
+
+    inits: list[str]
+    placements: list[str]
+    depths: list[int]
+    warmups: list[int]
+    lrs: list[float]
+    seeds: list[int]
+
+    @classmethod
+    def of(cls, args) -> "Grid":
+        default = GRIDS[_common.tier(args)]
+        pick = lambda name: getattr(args, name) if getattr(args, name) is not None else default[name]  # noqa: E731
+        return cls(pick("inits").split(","), args.placements.split(","),
+                   [int(d) for d in pick("depths").split(",")], [int(w) for w in pick("warmups").split(",")],
+                   sorted(float(lr) for lr in pick("lrs").split(",")), list(range(pick("seeds"))))
+
+    def cells(self):
+        """(init, placement, depth, warmup, lr) for every cell, in the order of the tables."""
+        for init in self.inits:
+            for placement in self.placements:
+                for depth in self.depths:
+                    for warmup in self.warmups:
+                        for lr in self.lrs:
+                            yield init, placement, depth, warmup, lr
+
+
+def cell_runs(grid: Grid, norm_type: str) -> dict[tuple, list[Run]]:
+    """One Run per seed for every cell; constant LR after warmup (min_lr = learning_rate)."""
+    return {cell: [Run({"init": cell[0], "norm_placement": cell[1], "n_layer": cell[2], "warmup_iters": cell[3],
+                        "learning_rate": cell[4], "min_lr": cell[4], "norm_type": norm_type}, seed,
+                       label=f"{cell[1]}, {cell[0]}, {cell[2]} layers, warmup {cell[3]}, lr {cell[4]:g}")
+                   for seed in grid.seeds]
+            for cell in grid.cells()}
+
+
+def trained(row: dict) -> bool:
+    return row["status"] == "finished"
+
+
+def largest_stable_lr(grid: Grid, runs: dict, rows: dict, init, placement, depth, warmup) -> Optional[float]:
+    """The largest LR of the grid at which every seed trained (finished, neither collapsed nor diverged)."""
+    stable = [lr for lr in grid.lrs
+              if all(trained(rows[r.name]) for r in runs[init, placement, depth, warmup, lr])]
+    return max(stable) if stable else None
+
+
+def cell_text(cell_rows: list[dict]) -> str:
+    """Each seed's outcome: its whole-split loss if it trained, C if it collapsed, D if it diverged."""
+    return " / ".join(OUTCOME_CODE[r["status"]] or f"{run_loss(r):.2f}" for r in cell_rows)
+
+
+def stable_lr_table(grid: Grid, runs: dict, rows: dict) -> str:
+    body = []
+    for init in grid.inits:
+        for placement in grid.placements:
+            for depth in grid.depths:
+                cells = [largest_stable_lr(grid, runs, rows, init, placement, depth, w) for w in grid.warmups]
+                body.append([init, placement, depth,
+                             *(f"{lr:g}" if lr is not None else f"none (< {grid.lrs[0]:g})" for lr in cells)])
+    return _common.markdown_table(["init", "placement", "n_layer", *(f"warmup {w}" for w in grid.warmups)], body)
+
+
+def map_table(grid: Grid, runs: dict, rows: dict) -> str:
+    body = []
+    for init in grid.inits:
+        for placement in grid.placements:
+            for depth in grid.depths:
+                for warmup in grid.warmups:
+                    body.append([init, placement, depth, warmup,
+                                 *(cell_text([rows[r.name] for r in runs[init, placement, depth, warmup, lr]])
+                                   for lr in grid.lrs)])
+    return _common.markdown_table(["init", "placement", "n_layer", "warmup", *(f"lr {lr:g}" for lr in grid.lrs)], body)
+
+
+def plot_map(grid: Grid, runs: dict, rows: dict, path: str) -> None:
+    """One panel per (init, placement) and depth: warmup (rows) x LR (columns), coloured by the share
+    of seeds that trained (green all, red none), each cell labelled with its outcomes."""
+    import numpy as np
+
+    panels = [(i, p) for i in grid.inits for p in grid.placements]
+    fig, axes = new_figure(len(panels), len(grid.depths), squeeze=False,
+                           figsize=(1.1 * len(grid.lrs) * len(grid.depths) + 1.5, 0.5 * len(grid.warmups) * len(panels) + 1.2 * len(panels)))
+    for row_axes, (init, placement) in zip(axes, panels):
+        for ax, depth in zip(row_axes, grid.depths):
+            cells = [[[rows[r.name] for r in runs[init, placement, depth, w, lr]] for lr in grid.lrs] for w in grid.warmups]
+            share = np.array([[sum(map(trained, c)) / len(c) for c in line] for line in cells])
+            ax.imshow(share, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
+            for y, line in enumerate(cells):
+                for x, c in enumerate(line):
+                    ax.text(x, y, cell_text(c), ha="center", va="center", fontsize=7)
+            ax.set_xticks(range(len(grid.lrs)), [f"{lr:g}" for lr in grid.lrs])
+            ax.set_yticks(range(len(grid.warmups)), [str(w) for w in grid.warmups])
+            ax.set(xlabel="learning rate", ylabel="warmup iterations", title=f"{placement}, {init} init, {depth} layers")
+    save(fig, path)
 
 
 def main(argv):
     args = _common.parse(Exp3Options, argv, "exp3_prenorm_vs_postnorm", __doc__)
-    placements = args.placements.split(",")
     started = time.time()
     out = _common.output_path(args, "exp3_prenorm_vs_postnorm")
-    depths = [int(d) for d in (args.depths or ("2" if args.quick else "4,8,12")).split(",")]
-    warmups = [0, args.warmup or (5 if args.quick else 100)]
-
-    runs = {}
-    for depth in depths:
-        for placement in placements:
-            for warmup in warmups:
-                runs[depth, placement, warmup] = Run(
-                    {"n_layer": depth, "norm_placement": placement, "norm_type": args.norm_type,
-                     "warmup_iters": warmup, "learning_rate": args.lr, "min_lr": args.lr / 10}, 0,
-                    label=f"{placement}, warmup {warmup}")
-    sweep = Sweep(out, list(runs.values()), _common.budget_args(args, runs=runs.values()), args.jobs)
+    grid = Grid.of(args)
+    runs = cell_runs(grid, args.norm_type)
+    every_run = [r for seeds in runs.values() for r in seeds]
+    sweep = Sweep(out, every_run, _common.budget_args(args, BUDGETS[_common.tier(args)], runs=every_run), args.jobs)
     _common.claim(out, args, "exp3_prenorm_vs_postnorm", sweep)
     rows = _common.finished_rows(sweep)
+    plot_map(grid, runs, rows, os.path.join(out, "stability_map.png"))
 
-    table = []
-    for (depth, placement, warmup), run in runs.items():
-        r = rows[run.name]
-        table.append([depth, placement, warmup, r["status"], r["diverged_at"] or "—",
-                      f"{r['val_loss_full']:.3f}" if r["val_loss_full"] is not None else "—",
-                      f"{r['best_val_loss']:.3f}" if r["best_val_loss"] is not None else "—",
-                      f"{r['wall_time_s']:.1f}" if r["wall_time_s"] is not None else "—"])
-
-    fig, axes = new_figure(1, len(depths), figsize=(5.5 * len(depths), 4.5), squeeze=False)
-    for ax, depth in zip(axes[0], depths):
-        keys = [(depth, pl, w) for pl in placements for w in warmups]
-        plot_runs(ax, [load_run(sweep.out_dir(runs[k])) for k in keys],
-                  [runs[k].label for k in keys], train_loss=False)
-        ax.set_title(f"{depth} layers, lr {args.lr:g}")
-    save(fig, os.path.join(out, "prenorm_vs_postnorm.png"))
-
-    budget = _common.TIERS[_common.tier(args)] or "train.py defaults"
-    header = ["n_layer", "placement", "warmup", "status", "diverged at", "final val (whole split)",
-              "best val (eval windows)", "train time (s)"]
-    body = (f"Tier `{_common.tier(args)}`. Budget per run: {budget} (n_layer and warmup_iters as listed); "
-            f"lr {args.lr:g}, min_lr {args.lr / 10:g}, norm_type {args.norm_type}, seed 0.\n\n"
-            + _common.table_marker("runs")
-            + _common.markdown_table(header, table) + "\n\n" + _common.references_section(
-                _common.reference_losses(args.data_dir)) + "\n\n![](prenorm_vs_postnorm.png)")
-    _common.write_report(os.path.join(out, "report.md"), "Pre-LN vs Post-LN, depth and warmup",
+    budget = {**_common.TIERS[_common.tier(args)], **BUDGETS[_common.tier(args)]}
+    budget = {k: v for k, v in budget.items() if k not in ("n_layer", "warmup_iters")}
+    body = (f"Tier `{_common.tier(args)}`. Budget per run: {budget or 'train.py defaults'}; n_layer, warmup_iters, "
+            f"init and learning_rate as listed, constant after warmup (min_lr = learning_rate); norm_type "
+            f"{args.norm_type}; seeds {', '.join(map(str, grid.seeds))}. "
+            f"{_common.training_time(rows.values())}.\n\n"
+            + _common.table_section("Largest stable learning rate", "The largest LR of the grid at which every "
+                                    "seed finished without collapsing or diverging.", "stable_lr",
+                                    stable_lr_table(grid, runs, rows))
+            + _common.table_section("The map", "Each seed's final loss over the whole validation split, or C "
+                                    "(collapsed) or D (diverged).", "map", map_table(grid, runs, rows))
+            + _common.references_section(_common.reference_losses(args.data_dir))
+            + "\n\n![](stability_map.png)")
+    _common.write_report(os.path.join(out, "report.md"), "Stability maps: placement x LR x warmup x depth x init",
                          _common.command_line(), body, started)
     return 0
 

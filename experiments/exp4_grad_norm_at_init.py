@@ -1,106 +1,218 @@
-"""Experiment 4: gradient norms at initialisation, Pre-LN vs Post-LN (Xiong et al. 2020, arXiv:2002.04745).
+"""Experiment 4: at initialisation, Xiong et al.'s gradient norms and Liu et al.'s amplification, under both inits.
 
-Xiong et al. show that at initialisation the gradient of the FFN weights in a Post-LN transformer
-grows with the layer index (largest near the output), while in Pre-LN it stays about flat - and
-that this is why Post-LN needs learning-rate warmup. Here, at character scale, on TinyShakespeare:
-  1. for one depth, the norm of each layer's expected FFN weight gradient (fc and proj weights
-     together), for Pre-LN and Post-LN with LayerNorm;
-  2. the last layer's FFN gradient norm as the depth grows.
-"Expected" gradient: averaged over many batches first, then the norm is taken. Our models use
-GPT-2 initialisation (residual projections scaled by 1/sqrt(2 * n_layer)), not the paper's.
+1. Xiong et al. 2020 (arXiv:2002.04745, Figure 3 and Theorem 1): under Xavier init, the expected
+   gradient of each layer's FFN weights grows with the layer index in Post-LN, while in Pre-LN it
+   is about flat and the last layer's shrinks as 1/sqrt(L) with the depth L. Measured here: the
+   norm of E[dL/dW] of each layer's FFN weights (fc and proj together), the expectation taken
+   over many batches before the norm, for depths 2 ... 24.
+2. Liu et al. 2020 (arXiv:2004.08249, section 4): how much one small update of every weight
+   changes the model's output grows with depth in Post-LN (O(N)) but stays bounded in Pre-LN
+   (O(log N)); DeepNorm (Wang et al. 2022) is designed to bound it. Measured here, forward only:
+   every weight matrix and vector moves by lr * (random sign), the shape of an Adam step, and
+   the change of the final hidden state (what the LM head reads) is E|F(x, W*) - F(x, W)|^2 per
+   element, averaged over draws.
 
-    python experiments/exp4_grad_norm_at_init.py [--quick] [--out DIR] [--data_dir DIR]
-        [--placements pre,post,sandwich,deepnorm]
+Both under this project's GPT-2 init and under Xavier init (GPTConfig.init), LayerNorm, seed 0.
 
-Writes grad_norm_at_init.csv, grad_norm_at_init.png and report.md.
+    python experiments/exp4_grad_norm_at_init.py [--quick] [--depths 2,4,6,12,24] [--inits gpt2,xavier]
+        [--placements pre,post,deepnorm] [--out DIR] [--data_dir DIR]
+
+Writes grad_norm_at_init.csv, grad_norm_at_init.png, amplification.png and report.md.
 """
 
 import csv
+import math
 import os
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import _common
 import torch
 
 from babygpt.data import BatchSampler, load_dataset
-from babygpt.model import GPT, GPTConfig
+from babygpt.model import GPT, INITS, GPTConfig
+from babygpt.options import option
 from babygpt.plot import new_figure, save
 
+PROBE_LR = 1e-3  # the size of the probe's update: an Adam step at a typical learning rate
+PROBE_DRAWS = 4  # random update directions averaged per model
 
-def ffn_grad_norms(placement: str, n_layer: int, width: int, data, vocab: int, batches: int,
-                   batch_size: int, block_size: int, seed: int = 0) -> list[float]:
-    """||E[dL/dW_ffn]|| for each layer of a freshly initialised model."""
+
+@dataclass
+class Shape:
+    """What every model and batch of the experiment shares."""
+
+    width: int
+    batches: int
+    batch_size: int
+    block_size: int
+
+
+SHAPES = {"quick": Shape(32, 4, 8, 16), "default": Shape(128, 32, 32, 64)}
+
+
+def model_at_init(placement: str, init: str, n_layer: int, shape: Shape, vocab: int, seed: int = 0) -> GPT:
     torch.manual_seed(seed)
-    cfg = GPTConfig(vocab_size=vocab, block_size=block_size, n_layer=n_layer, n_head=4, n_embd=width,
-                    norm_type="layernorm", norm_placement=placement)
-    model = GPT(cfg)
-    sampler = BatchSampler(data, block_size, batch_size, seed=1234)  # the same batches for every model
-    for _ in range(batches):
+    return GPT(GPTConfig(vocab_size=vocab, block_size=shape.block_size, n_layer=n_layer, n_head=4,
+                         n_embd=shape.width, norm_type="layernorm", norm_placement=placement, init=init))
+
+
+def ffn_grad_norms(model: GPT, data, shape: Shape) -> list[float]:
+    """||E[dL/dW_ffn]|| for each layer of ``model``, over ``shape.batches`` fixed batches."""
+    sampler = BatchSampler(data, shape.block_size, shape.batch_size, seed=1234)  # the same batches for every model
+    for _ in range(shape.batches):
         x, y = sampler.next_batch()
-        (model(x, y)[1] / batches).backward()  # gradients accumulate into their mean
-    norms = []
-    for block in model.blocks:
-        g = torch.cat([block.ffwd.fc.weight.grad.flatten(), block.ffwd.proj.weight.grad.flatten()])
-        norms.append(g.norm().item())
-    return norms
+        (model(x, y)[1] / shape.batches).backward()  # gradients accumulate into their mean
+    return [torch.cat([b.ffwd.fc.weight.grad.flatten(), b.ffwd.proj.weight.grad.flatten()]).norm().item()
+            for b in model.blocks]
+
+
+@torch.no_grad()
+def output_change(model: GPT, idx: torch.Tensor, lr: float = PROBE_LR, draws: int = PROBE_DRAWS) -> float:
+    """Mean over ``draws`` of E|F(W + lr * s) - F(W)|^2 per element, s a random sign per weight."""
+    model.eval()
+    before = model.hidden(idx)
+    params = list(model.parameters())
+    saved = [p.clone() for p in params]
+    generator = torch.Generator().manual_seed(0)
+    changes = []
+    for _ in range(draws):
+        for p in params:
+            signs = torch.randint(0, 2, p.shape, generator=generator).to(p.dtype) * 2 - 1
+            p.add_(lr * signs)
+        changes.append((model.hidden(idx) - before).pow(2).mean().item())
+        for p, s in zip(params, saved):
+            p.copy_(s)
+    return sum(changes) / len(changes)
+
+
+def loglog_slope(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of log y against log x: the exponent of a power law y ~ x^slope."""
+    lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
 
 
 @dataclass
 class Exp4Options(_common.DataOptions):
-    placements: str = _common.placements_option()
+    placements: str = option("pre,post,deepnorm", "comma-separated norm placements, among pre,post,sandwich,deepnorm")
+    depths: Optional[str] = option(None, "comma-separated n_layer values (none: 2,4,6,12,24; quick 2,4)")
+    inits: str = option(",".join(INITS), "comma-separated inits among " + ",".join(INITS))
 
     def problems(self) -> list[str]:
-        return _common.placement_problems(self.placements)
+        problems = _common.placement_problems(self.placements)
+        if self.depths and not all(d.strip().isdigit() and int(d) > 0 for d in self.depths.split(",")):
+            problems.append(f"--depths takes comma-separated positive integers, got {self.depths!r}")
+        bad = [i for i in self.inits.split(",") if i not in INITS]
+        if bad:
+            problems.append(_common.unknown_choice("init", bad[0], INITS))
+        return problems
+
+
+def depth_ticks(ax, depths) -> None:
+    """Label a log-scaled depth axis with the depths themselves."""
+    ax.set_xticks(depths, [str(d) for d in depths])
+    ax.minorticks_off()
+
+
+def plot_gradients(norms: dict, inits, placements, depths, path: str) -> None:
+    """Per init: each layer's FFN gradient norm at the largest depth; then the last layer's against depth."""
+    fig, axes = new_figure(1, len(inits) + 1, figsize=(5.2 * (len(inits) + 1), 4.2), squeeze=False)
+    deepest = depths[-1]
+    for ax, init in zip(axes[0], inits):
+        for pl in placements:
+            ax.plot(range(1, deepest + 1), norms[init, pl, deepest], "o-", markersize=3, label=pl)
+        ax.set(xlabel="layer", ylabel="||E[dL/dW_ffn]||", yscale="log",
+               title=f"FFN gradient per layer, {deepest} layers, {init} init")
+    ax = axes[0][-1]
+    for init, style in zip(inits, ("o--", "s-")):
+        for colour, pl in zip(("C0", "C1", "C2", "C3"), placements):
+            ax.plot(depths, [norms[init, pl, d][-1] for d in depths], style, color=colour, label=f"{pl}, {init}")
+    anchor = norms[inits[-1], placements[0], depths[0]][-1]
+    ax.plot(depths, [anchor * math.sqrt(depths[0] / d) for d in depths], ":", color="grey", label="∝ 1/sqrt(L)")
+    ax.set(xlabel="number of layers L", ylabel="||E[dL/dW_ffn]|| of the last layer", xscale="log", yscale="log",
+           title="last layer vs depth")
+    depth_ticks(ax, depths)
+    for a in axes[0]:
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    save(fig, path)
+
+
+def plot_amplification(change: dict, inits, placements, depths, path: str) -> None:
+    fig, ax = new_figure(figsize=(6, 4.5))
+    for init, style in zip(inits, ("o--", "s-")):
+        for colour, pl in zip(("C0", "C1", "C2", "C3"), placements):
+            ax.plot(depths, [change[init, pl, d] for d in depths], style, color=colour, label=f"{pl}, {init}")
+    ax.set(xlabel="number of layers N", ylabel="E|F(W*) - F(W)|^2 per element", xscale="log", yscale="log",
+           title=f"output change after one update of size {PROBE_LR:g}")
+    depth_ticks(ax, depths)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save(fig, path)
 
 
 def main(argv):
     args = _common.parse(Exp4Options, argv, "exp4_grad_norm_at_init", __doc__)
-    placements = args.placements.split(",")
+    placements, inits = args.placements.split(","), args.inits.split(",")
+    depths = sorted({int(d) for d in (args.depths or ("2,4" if args.quick else "2,4,6,12,24")).split(",")})
     started = time.time()
     out = _common.claim(_common.output_path(args, "exp4_grad_norm_at_init"), args, "exp4_grad_norm_at_init")
     train, _, tok = load_dataset(args.data_dir)
-    if args.quick:
-        width, depth, depths, batches, bs, ctx = 32, 4, [2, 4], 4, 8, 16
-    else:
-        width, depth, depths, batches, bs, ctx = 128, 8, [2, 4, 8, 12], 32, 32, 64
-    common = dict(width=width, data=train, vocab=tok.vocab_size, batches=batches, batch_size=bs, block_size=ctx)
+    shape = SHAPES[_common.tier(args)]
+    probe_idx = BatchSampler(train, shape.block_size, shape.batch_size, seed=4321).next_batch()[0]  # (B, T)
 
-    per_layer = {pl: ffn_grad_norms(pl, depth, **common) for pl in placements}
-    last_vs_depth = {pl: [ffn_grad_norms(pl, d, **common)[-1] for d in depths] for pl in placements}
+    norms, change = {}, {}
+    for init in inits:
+        for pl in placements:
+            for d in depths:
+                norms[init, pl, d] = ffn_grad_norms(model_at_init(pl, init, d, shape, tok.vocab_size), train, shape)
+                change[init, pl, d] = output_change(model_at_init(pl, init, d, shape, tok.vocab_size), probe_idx)
 
     with open(os.path.join(out, "grad_norm_at_init.csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["kind", "n_layer", "layer", *placements])
-        for i in range(depth):
-            w.writerow(["per_layer", depth, i + 1, *(per_layer[pl][i] for pl in placements)])
-        for j, d in enumerate(depths):
-            w.writerow(["last_layer_vs_depth", d, d, *(last_vs_depth[pl][j] for pl in placements)])
+        w.writerow(["init", "placement", "n_layer", "layer", "ffn_grad_norm", "output_change"])
+        for (init, pl, d), values in norms.items():
+            for layer, v in enumerate(values, 1):
+                w.writerow([init, pl, d, layer, v, change[init, pl, d] if layer == d else ""])
+    plot_gradients(norms, inits, placements, depths, os.path.join(out, "grad_norm_at_init.png"))
+    plot_amplification(change, inits, placements, depths, os.path.join(out, "amplification.png"))
 
-    fig, (a1, a2) = new_figure(1, 2, figsize=(11, 4.2))
-    for pl in placements:
-        a1.plot(range(1, depth + 1), per_layer[pl], "o-", label=pl)
-        a2.plot(depths, last_vs_depth[pl], "o-", label=pl)
-    a1.set(xlabel="layer", ylabel="||E[dL/dW_ffn]||", title=f"FFN gradient norm per layer at init ({depth} layers)")
-    a2.set(xlabel="number of layers", ylabel="||E[dL/dW_ffn]|| of the last layer", title="last layer vs depth")
-    for a in (a1, a2):
-        a.set_yscale("log")
-        a.grid(alpha=0.3)
-        a.legend()
-    save(fig, os.path.join(out, "grad_norm_at_init.png"))
-
-    ratio = "pre" in placements and "post" in placements  # the comparison of Xiong et al.
-    rows = [[i + 1, *(f"{per_layer[pl][i]:.3e}" for pl in placements)]
-            + ([f"{per_layer['post'][i] / per_layer['pre'][i]:.2f}"] if ratio else []) for i in range(depth)]
-    rows2 = [[d, *(f"{last_vs_depth[pl][j]:.3e}" for pl in placements)] for j, d in enumerate(depths)]
-    growth = {pl: per_layer[pl][-1] / per_layer[pl][0] for pl in placements}
-    body = (f"LayerNorm, width {width}, context {ctx}; expected gradient over {batches} batches of {bs} "
-            f"sequences of TinyShakespeare; GPT-2 init (DeepNorm: its own), seed 0.\n\n"
-            + _common.markdown_table(["layer", *placements] + (["post/pre"] if ratio else []), rows)
-            + "\n\nLast layer / first layer: " + ", ".join(f"{pl} {g:.2f}" for pl, g in growth.items()) + "\n\n"
-            + _common.markdown_table(["n_layer", *(f"{pl} last layer" for pl in placements)], rows2)
-            + "\n\n![](grad_norm_at_init.png)")
-    _common.write_report(os.path.join(out, "report.md"), "FFN gradient norm at initialisation",
+    deepest = depths[-1]
+    shown = sorted({1, *(round(deepest * q) for q in (0.25, 0.5, 0.75)), deepest} - {0})  # every layer: the CSV
+    per_layer = [[init, pl, f"{norms[init, pl, deepest][-1] / norms[init, pl, deepest][0]:.2f}",
+                  *(f"{norms[init, pl, deepest][i - 1]:.2e}" for i in shown)] for init in inits for pl in placements]
+    slope = len(depths) > 1
+    last = [[init, pl, *(f"{norms[init, pl, d][-1]:.2e}" for d in depths)]
+            + ([f"{loglog_slope(depths, [norms[init, pl, d][-1] for d in depths]):+.2f}"] if slope else [])
+            for init in inits for pl in placements]
+    amp = [[init, pl, *(f"{change[init, pl, d]:.2e}" for d in depths)]
+           + ([f"{change[init, pl, deepest] / change[init, pl, depths[0]]:.1f}"] if slope else [])
+           for init in inits for pl in placements]
+    body = (f"LayerNorm, width {shape.width}, context {shape.block_size}, 4 heads; expected gradient over "
+            f"{shape.batches} batches of {shape.batch_size} sequences of TinyShakespeare; seed 0.\n\n"
+            + _common.table_section(
+                f"1. FFN gradient norm per layer, {deepest} layers (Xiong et al. Figure 3)",
+                "Selected layers; grad_norm_at_init.csv and the plot have every layer.", "per_layer",
+                _common.markdown_table(["init", "placement", "last / first layer", *(f"layer {i}" for i in shown)],
+                                       per_layer))
+            + _common.table_section(
+                "2. The last layer's FFN gradient norm against depth (Xiong et al. Theorem 1)",
+                "Slope: least-squares exponent of norm ~ L^slope; Theorem 1 predicts -0.5 for Pre-LN and about 0 "
+                "for Post-LN under Xavier init.", "last_layer",
+                _common.markdown_table(["init", "placement", *(f"L={d}" for d in depths)] + (["slope"] if slope else []),
+                                       last))
+            + "![](grad_norm_at_init.png)\n\n"
+            + _common.table_section(
+                "3. Output change after one small update (Liu et al. 2020)",
+                f"Every parameter moved by {PROBE_LR:g} x a random sign; E|F(W*) - F(W)|^2 per element of the final "
+                f"hidden state, mean of {PROBE_DRAWS} draws, on one batch of {shape.batch_size} sequences.",
+                "amplification",
+                _common.markdown_table(["init", "placement", *(f"N={d}" for d in depths)]
+                                       + ([f"N={deepest} / N={depths[0]}"] if slope else []), amp))
+            + "![](amplification.png)")
+    _common.write_report(os.path.join(out, "report.md"), "Gradient norms and amplification at initialisation",
                          _common.command_line(), body, started)
     return 0
 

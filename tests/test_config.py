@@ -128,6 +128,9 @@ def test_config_file_errors(tmp_path):
     (["--min_lr=1", "--learning_rate=0.1"], "min_lr"),
     (["--warmup_iters=100", "--lr_decay_iters=50"], "lr_decay_iters"),
     (["--norm_placement=middle"], "unknown norm_placement 'middle'"),
+    (["--init=xavir"], "unknown init 'xavir'; choose one of: gpt2, xavier (did you mean 'xavier'?)"),
+    (["--adam_eps=0"], "adam_eps must be in (0, 1]"),
+    (["--adam_eps=-1e-8"], "adam_eps must be in (0, 1]"),
     (["--device=cpu", "--dtype=float16"], "float16 is not supported on CPU"),
 ])
 def test_cross_field_problems(args, fragment):

@@ -1,13 +1,14 @@
 """Per-layer diagnostics (diag_interval): values, shapes, no effect on training, absent when off."""
 
 import json
+import math
 
 import pytest
 import torch
 from torch.testing import assert_close
 
 from babygpt.config import load_config
-from babygpt.diagnostics import KEYS, LayerDiagnostics
+from babygpt.diagnostics import KEYS, LayerDiagnostics, token_independence
 from babygpt.model import GPT
 from babygpt.plot import main as plot_main
 from babygpt.trainer import train
@@ -23,22 +24,37 @@ def rows(out):
     return [json.loads(line) for line in open(out / "metrics.jsonl")]
 
 
-@pytest.mark.parametrize("placement,norm", [("pre", "rmsnorm"), ("post", "layernorm"), ("sandwich", "dyt"),
-                                            ("deepnorm", "layernorm"), ("pre", "none")])
-def test_stream_rms_matches_a_manual_forward(placement, norm):
-    model = GPT(tiny_config(norm_placement=placement, norm_type=norm))
+@pytest.mark.parametrize("placement,norm,init", [("pre", "rmsnorm", "gpt2"), ("post", "layernorm", "gpt2"),
+                                                 ("sandwich", "dyt", "gpt2"), ("deepnorm", "layernorm", "xavier"),
+                                                 ("pre", "none", "xavier"), ("post", "layernorm", "xavier")])
+def test_stream_values_match_a_manual_forward(placement, norm, init):
+    model = GPT(tiny_config(norm_placement=placement, norm_type=norm, init=init, qk_norm=norm == "rmsnorm"))
     idx = torch.randint(29, (3, 16))
     diag = LayerDiagnostics(model)
     diag.stream(idx)
     assert model.training  # the mode it had
     with torch.no_grad():
         model.eval()
-        x = model.tok_emb(idx) + model.pos_emb(torch.arange(16))
-        expected = []
+        x = model.tok_emb(idx) * model.emb_scale + model.pos_emb(torch.arange(16))
+        expected = {"resid_rms": [], "token_independence": [], "attn_logit_max": []}
         for block in model.blocks:
+            attention_input = x if placement in ("post", "deepnorm") else block.ln1(x)
+            q, k, _ = block.sa.heads(attention_input)  # (B, H, T, D)
+            scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+            expected["attn_logit_max"].append(scores[..., torch.ones(16, 16).tril().bool()].max().item())
             x = block(x)
-            expected.append(x.pow(2).mean().sqrt().item())
-    assert_close(torch.tensor(diag.values["resid_rms"]), torch.tensor(expected))
+            expected["resid_rms"].append(x.pow(2).mean().sqrt().item())
+            same = x.mean(dim=1, keepdim=True).expand_as(x)  # the part that is equal at every position
+            expected["token_independence"].append((same.pow(2).sum() / x.pow(2).sum()).item())
+    for key, values in expected.items():
+        assert_close(torch.tensor(diag.values[key]), torch.tensor(values), msg=key)
+
+
+def test_token_independence_is_one_for_a_position_free_stream_and_small_otherwise():
+    same = torch.randn(4, 1, 32).expand(4, 64, 32)  # every position holds its sequence's vector
+    assert_close(token_independence(same), torch.tensor(1.0))
+    unrelated = torch.randn(4, 64, 32)
+    assert token_independence(unrelated) < 3 / 64  # about 1/T
 
 
 def test_grad_norm_and_update_ratio_match_manual_values():

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from babygpt.errors import BabyGPTError
 from babygpt.plot import diverged_at, load_run
@@ -38,8 +39,10 @@ def test_experiment_options_are_checked_before_anything_runs(monkeypatch):
     assert args.quick and args.set == ["max_iters=3", "seed=1"] and args.placements == "pre,sandwich"
     assert args.data_dir == "data/shakespeare_char" and args.jobs == 1 and args.out is None
     with pytest.raises(BabyGPTError, match="unknown placement 'side'") as e:
-        _common.parse(Exp3Options, ["--placements=pre,side", "--depths=4,x"], "exp3_prenorm_vs_postnorm", "doc")
-    assert len(e.value.problems) == 2
+        _common.parse(Exp3Options, ["--placements=pre,side", "--depths=4,x", "--inits=gpt", "--lrs=1e-3,-1",
+                                    "--seeds=0"], "exp3_prenorm_vs_postnorm", "doc")
+    assert len(e.value.problems) == 5
+    assert any("did you mean 'gpt2'" in p for p in e.value.problems)
     with pytest.raises(BabyGPTError, match="did you mean '--placements'"):
         _common.parse(Exp3Options, ["--placement=pre"], "exp3_prenorm_vs_postnorm", "doc")
 
@@ -129,7 +132,9 @@ def test_plot_cli_and_divergence_marker(small_sweep, tmp_path):
     ("exp1_gradient_vanishing", [], ["gradient_vanishing.png", "gradient_vanishing.csv", "report.md"]),
     ("exp4_grad_norm_at_init", ["--data_dir={data}", "--placements=pre,post,sandwich,deepnorm"],
      ["grad_norm_at_init.png", "grad_norm_at_init.csv", "report.md"]),
-    ("exp3_prenorm_vs_postnorm", ["--data_dir={data}", "--jobs=2"], ["prenorm_vs_postnorm.png", "results.csv", "report.md"]),
+    ("exp3_prenorm_vs_postnorm", ["--data_dir={data}", "--jobs=2"], ["stability_map.png", "results.csv", "report.md"]),
+    ("exp6_postln_collapse", ["--data_dir={data}", "--jobs=2", "--seeds=1", "--diag_interval=5"],
+     ["collapse_diagnostics.png", "results.csv", "report.md"]),
 ])
 def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
     args = [a.format(data=data_dir) for a in extra]
@@ -140,8 +145,56 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
     report = (tmp_path / "res" / "report.md").read_text()
     assert "| " in report and "Command: `python experiments/" in report
     if script == "exp3_prenorm_vs_postnorm":
-        assert len(read_csv(tmp_path / "res" / "results.csv")) == 4  # 1 depth x 2 placements x 2 warmups
-        assert "<!-- table: runs -->" in report and "<!-- table: references -->" in report
+        assert len(read_csv(tmp_path / "res" / "results.csv")) == 6  # 3 placements x 2 warmups, 1 depth, LR, seed
+        for key in ("stable_lr", "map", "references"):
+            assert f"<!-- table: {key} -->" in report
+    if script == "exp4_grad_norm_at_init":
+        assert (tmp_path / "res" / "amplification.png").stat().st_size > 0
+        for key in ("per_layer", "last_layer", "amplification"):
+            assert f"<!-- table: {key} -->" in report
+    if script == "exp6_postln_collapse":
+        rows = read_csv(tmp_path / "res" / "results.csv")
+        assert len(rows) == 5 and {r["cfg.diag_interval"] for r in rows} == {"5"}
+        assert "<!-- table: hypotheses -->" in report and "<!-- table: diagnostics -->" in report
+
+
+def test_stability_map_cells_and_largest_stable_lr(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import _common
+    import exp3_prenorm_vs_postnorm as exp3
+
+    args = _common.parse(exp3.Exp3Options, ["--lrs=3e-3,1e-3,1e-2", "--depths=6", "--warmups=0,10", "--seeds=2",
+                                            "--placements=post"], "exp3", "doc")
+    grid = exp3.Grid.of(args)
+    assert grid.lrs == [1e-3, 3e-3, 1e-2] and grid.inits == ["xavier"] and grid.seeds == [0, 1]
+    runs = exp3.cell_runs(grid, "layernorm")
+    assert len(runs) == 6 and all(len(rs) == 2 for rs in runs.values())
+    run = runs["xavier", "post", 6, 10, 3e-3][1]
+    assert run.seed == 1 and run.overrides["min_lr"] == run.overrides["learning_rate"] == 3e-3
+    # warmup 0: trains at 1e-3 only; warmup 10: at 1e-3 and 3e-3, one seed of 1e-2 collapses.
+    outcome = {(0, 1e-3): ["finished"] * 2, (0, 3e-3): ["finished", "collapsed"], (0, 1e-2): ["diverged"] * 2,
+               (10, 1e-3): ["finished"] * 2, (10, 3e-3): ["finished"] * 2, (10, 1e-2): ["collapsed", "finished"]}
+    rows = {r.name: {"status": s, "val_loss_full": 2.0 if s == "finished" else 3.35}
+            for (w, lr), statuses in outcome.items() for r, s in zip(runs["xavier", "post", 6, w, lr], statuses)}
+    assert exp3.largest_stable_lr(grid, runs, rows, "xavier", "post", 6, 0) == 1e-3
+    assert exp3.largest_stable_lr(grid, runs, rows, "xavier", "post", 6, 10) == 3e-3
+    assert "| xavier | post | 6 | 0.001 | 0.003 |" in exp3.stable_lr_table(grid, runs, rows)
+    assert "| xavier | post | 6 | 0 | 2.00 / 2.00 | 2.00 / C | D / D |" in exp3.map_table(grid, runs, rows)
+
+
+def test_loglog_slope_and_output_change(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp4_grad_norm_at_init as exp4
+
+    depths = [2, 4, 8, 16]
+    assert exp4.loglog_slope(depths, [3 * d ** -0.5 for d in depths]) == pytest.approx(-0.5)
+    model = exp4.model_at_init("post", "xavier", 2, exp4.SHAPES["quick"], vocab=29)
+    idx = torch.randint(29, (2, 16))
+    before = [p.clone() for p in model.parameters()]
+    assert exp4.output_change(model, idx, lr=0.0) == 0.0
+    small, large = exp4.output_change(model, idx, lr=1e-4), exp4.output_change(model, idx, lr=1e-2)
+    assert 0 < small < large
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # weights restored
 
 
 def test_exp2_options_are_checked_together(monkeypatch):

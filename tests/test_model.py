@@ -10,7 +10,7 @@ import torch
 from torch.testing import assert_close
 
 from babygpt.errors import BabyGPTError
-from babygpt.model import GPT, PLACEMENTS, Block, GPTConfig, KVCache
+from babygpt.model import GPT, INITS, PLACEMENTS, Block, GPTConfig, KVCache
 from babygpt.norms import NORMS, LayerNorm, NoNorm, Norm, NormOptions, RMSNorm, norm_class
 from conftest import GRID, GRID_IDS, tiny_config
 
@@ -243,6 +243,68 @@ def test_gpt2_init_scales():
     assert torch.equal(model.blocks[0].sa.qkv.bias, torch.zeros_like(model.blocks[0].sa.qkv.bias))
 
 
+def expected_weight_stds(init: str, placement: str, C: int, N: int) -> dict[str, float]:
+    """The std each weight of a block should have, from the init's definition (GPT._init_weights)."""
+    beta = (8 * N) ** -0.25 if placement == "deepnorm" else 1.0
+    if init == "gpt2":
+        resid = 0.02 * beta if placement == "deepnorm" else 0.02 / math.sqrt(2 * N)
+        return {"q": 0.02, "k": 0.02, "v": 0.02 * beta, "o": resid, "fc": 0.02 * beta, "proj": resid}
+    xavier = lambda fan_in, fan_out: math.sqrt(2 / (fan_in + fan_out))  # noqa: E731, for uniform and normal
+    return {"q": xavier(C, C), "k": xavier(C, C), "v": beta * xavier(C, C), "o": beta * xavier(C, C),
+            "fc": beta * xavier(C, 4 * C), "proj": beta * xavier(4 * C, C)}
+
+
+@pytest.mark.parametrize("init", INITS)
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_init_weight_statistics(init, placement):
+    """Each weight's std as its init defines it, zero biases, and the embedding stream's RMS:
+    about 0.03 under GPT-2 init, about 1 under Xavier (sqrt(C) scaling)."""
+    C, N = 96, 6
+    model = GPT(tiny_config(n_embd=C, n_head=4, n_layer=N, norm_placement=placement, init=init))
+    expected = expected_weight_stds(init, placement, C, N)
+    for block in model.blocks:
+        w = block.sa.qkv.weight
+        weights = {"q": w[:C], "k": w[C:2 * C], "v": w[2 * C:], "o": block.sa.proj.weight,
+                   "fc": block.ffwd.fc.weight, "proj": block.ffwd.proj.weight}
+        measured = torch.tensor([weights[k].std().item() for k in expected])
+        assert_close(measured, torch.tensor(list(expected.values())), rtol=0.05, atol=0)
+        for linear in (block.sa.qkv, block.sa.proj, block.ffwd.fc, block.ffwd.proj):
+            assert torch.equal(linear.bias, torch.zeros_like(linear.bias))
+    idx = torch.randint(29, (8, 16))
+    stream = model.tok_emb(idx) * model.emb_scale + model.pos_emb(torch.arange(16))  # (B, T, C)
+    rms = stream.pow(2).mean().sqrt()
+    want = math.sqrt(1 + 1 / C) if init == "xavier" else 0.02 * math.sqrt(2)
+    assert_close(rms, torch.tensor(want), rtol=0.1, atol=0)
+    assert model.emb_scale == (math.sqrt(C) if init == "xavier" else 1.0)
+
+
+def test_xavier_init_is_uniform_and_deepnorm_normal():
+    """Xavier-uniform weights stay inside the bound sqrt(6 / (fan_in + fan_out)); DeepNorm's Xavier-normal
+    ones (the paper's pseudocode) do not."""
+    C = 64
+    fc = GPT(tiny_config(n_embd=C, n_layer=2, init="xavier")).blocks[0].ffwd.fc.weight
+    assert fc.abs().max() <= math.sqrt(6 / (5 * C)) and fc.abs().max() > 0.95 * math.sqrt(6 / (5 * C))
+    q = GPT(tiny_config(n_embd=C, n_layer=2, init="xavier", norm_placement="deepnorm")).blocks[0].sa.qkv.weight[:C]
+    assert q.abs().max() > math.sqrt(6 / (2 * C))
+
+
+def test_init_choice_is_checked():
+    with pytest.raises(BabyGPTError, match="unknown init 'xavir'.*did you mean 'xavier'"):
+        tiny_config(init="xavir")
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_attention_logits_are_what_the_attention_softmaxes(qk_norm):
+    cfg = tiny_config(qk_norm=qk_norm)
+    sa = GPT(cfg).blocks[0].sa
+    x = torch.randn(2, 6, cfg.n_embd)
+    logits = sa.attention_logits(x)  # (B, H, T, T)
+    assert logits.shape == (2, cfg.n_head, 6, 6) and torch.isneginf(logits[..., 0, 1:]).all()
+    _, _, v = sa.heads(x)
+    y = (logits.softmax(-1) @ v).transpose(1, 2).reshape(2, 6, cfg.n_embd)
+    assert_close(sa(x), sa.proj(y))
+
+
 def test_generate_greedy_is_deterministic_and_shapes():
     cfg = tiny_config()
     model = GPT(cfg).eval()
@@ -329,6 +391,11 @@ def test_unknown_norm_type_lists_valid_names():
         tiny_config(norm_type="batchnorm2")
     for name in NORMS:
         assert name in str(err.value)
+
+
+def test_optimizer_takes_adam_eps():
+    opt = GPT(tiny_config()).configure_optimizers(weight_decay=0.1, learning_rate=1e-3, eps=1e-15)
+    assert [g["eps"] for g in opt.param_groups] == [1e-15, 1e-15]
 
 
 def test_optimizer_groups():

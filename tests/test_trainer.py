@@ -119,6 +119,14 @@ def test_mps_rng_state_is_saved_and_restored(monkeypatch):
     assert len(restored) == 1
 
 
+def test_trainer_builds_the_configured_init_and_adam_eps(data_dir, tmp_path):
+    args = [*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'r'}", "--max_iters=2"]
+    trainer = Trainer(load_config([*args, "--adam_eps=1e-15", "--init=xavier"]))
+    assert [g["eps"] for g in trainer.optimizer.param_groups] == [1e-15, 1e-15]
+    assert trainer.model.emb_scale == math.sqrt(32)
+    assert [g["eps"] for g in Trainer(load_config(args)).optimizer.param_groups] == [1e-8, 1e-8]
+
+
 def test_building_a_trainer_writes_nothing_and_prints_nothing(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     trainer = Trainer(load_config([*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=2"]))
