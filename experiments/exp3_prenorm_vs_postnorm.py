@@ -66,11 +66,11 @@ class Exp3Options(_common.TrainingOptions):
 
     def problems(self) -> list[str]:
         problems = super().problems() + _common.placement_problems(self.placements)
-        for name, kind in (("lrs", float), ("depths", int), ("warmups", int)):
+        for name, kind, least, what in (("lrs", float, 0.0, "positive numbers"), ("depths", int, 1, "positive integers"),
+                                        ("warmups", int, 0, "integers >= 0")):
             text = getattr(self, name)
-            if text is not None and not _parses(text, kind):
-                problems.append(f"--{name} takes comma-separated {'positive numbers' if kind is float else 'integers'}"
-                                f", got {text!r}")
+            if text is not None and not _parses(text, kind, least):
+                problems.append(f"--{name} takes comma-separated {what}, got {text!r}")
         bad = [i for i in (self.inits or "").split(",") if self.inits and i not in INITS]
         if bad:
             problems.append(_common.unknown_choice("init", bad[0], INITS))
@@ -79,11 +79,13 @@ class Exp3Options(_common.TrainingOptions):
         return problems
 
 
-def _parses(text: str, kind) -> bool:
+def _parses(text: str, kind, least) -> bool:
+    """Every comma-separated value of ``text`` reads as ``kind`` and is at least ``least`` (above it for floats)."""
     try:
-        return all(kind(v) > 0 or (kind is int and kind(v) == 0) for v in text.split(","))
+        values = [kind(v) for v in text.split(",")]
     except ValueError:
         return False
+    return all(v > least if kind is float else v >= least for v in values)
 
 
 @dataclass

@@ -40,8 +40,11 @@ def test_experiment_options_are_checked_before_anything_runs(monkeypatch):
     assert args.data_dir == "data/shakespeare_char" and args.jobs == 1 and args.out is None
     with pytest.raises(BabyGPTError, match="unknown placement 'side'") as e:
         _common.parse(Exp3Options, ["--placements=pre,side", "--depths=4,x", "--inits=gpt", "--lrs=1e-3,-1",
-                                    "--seeds=0"], "exp3_prenorm_vs_postnorm", "doc")
-    assert len(e.value.problems) == 5
+                                    "--seeds=0", "--warmups=-5"], "exp3_prenorm_vs_postnorm", "doc")
+    assert len(e.value.problems) == 6
+    with pytest.raises(BabyGPTError, match="--depths takes comma-separated positive integers"):
+        _common.parse(Exp3Options, ["--depths=0"], "exp3_prenorm_vs_postnorm", "doc")
+    assert _common.parse(Exp3Options, ["--warmups=0,10"], "exp3_prenorm_vs_postnorm", "doc").warmups == "0,10"
     assert any("did you mean 'gpt2'" in p for p in e.value.problems)
     with pytest.raises(BabyGPTError, match="did you mean '--placements'"):
         _common.parse(Exp3Options, ["--placement=pre"], "exp3_prenorm_vs_postnorm", "doc")
