@@ -300,7 +300,10 @@ class GPT(nn.Module):
         beta = (8N)^(-1/4), the query and key projections with gain 1, and drops the depth
         factor (beta already is the depth scaling). Under ``xavier`` that is done exactly;
         under ``gpt2``, whose base is N(0, 0.02) rather than Xavier, the same weights get std
-        0.02 * beta and the query and key rows keep 0.02."""
+        0.02 * beta and the query and key rows keep 0.02. (The authors' torchscale code differs
+        in detail: Xavier-uniform with gain 1/sqrt(2) on q, k, v and PyTorch's default init on
+        the FFN before dividing fc1, fc2, v_proj and out_proj by (8N)^(1/4); this project
+        follows the paper.)"""
         if self.config.init == "xavier":
             self._init_xavier()
         else:
