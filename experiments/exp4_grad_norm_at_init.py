@@ -167,8 +167,9 @@ def main(argv):
     for init in inits:
         for pl in placements:
             for d in depths:
-                norms[init, pl, d] = ffn_grad_norms(model_at_init(pl, init, d, shape, tok.vocab_size), train, shape)
-                change[init, pl, d] = output_change(model_at_init(pl, init, d, shape, tok.vocab_size), probe_idx)
+                model = model_at_init(pl, init, d, shape, tok.vocab_size)
+                norms[init, pl, d] = ffn_grad_norms(model, train, shape)
+                change[init, pl, d] = output_change(model, probe_idx)  # forward only: the gradients are unused
 
     with open(os.path.join(out, "grad_norm_at_init.csv"), "w", newline="") as f:
         w = csv.writer(f)
