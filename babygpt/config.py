@@ -54,6 +54,9 @@ class TrainConfig(Checked):
     beta2: float = option(0.99, "AdamW beta2")
     adam_eps: float = option(1e-8, "AdamW eps, added to sqrt(v) in the update's denominator: a gradient much "
                                    "smaller than it gets a proportionally smaller step")
+    z_loss: float = option(0.0, "weight of the z-loss added to the training objective: z_loss * mean of "
+                                "(log Z)^2, Z the softmax normalizer of the output logits (PaLM; Wortsman et al. "
+                                "2023 use 1e-4); the logged and evaluated losses stay plain cross-entropy; 0 = off")
     grad_clip: float = option(1.0, "clip the global gradient norm to this; 0 = off")
     warmup_iters: int = option(100, "linear warmup from 0 to learning_rate over this many iterations")
     lr_decay_iters: Optional[int] = option(None, "cosine decay reaches min_lr here; none = max_iters")
@@ -92,7 +95,7 @@ class TrainConfig(Checked):
             problems.append(f"min_lr ({self.min_lr}) must be between 0 and learning_rate ({self.learning_rate})")
         if not 0 <= self.seed < 2**32:
             problems.append(f"seed must be in [0, 2**32), got {self.seed}")
-        for name in ("weight_decay", "grad_clip"):
+        for name in ("weight_decay", "grad_clip", "z_loss"):
             if not getattr(self, name) >= 0:
                 problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0 < self.adam_eps <= 1:

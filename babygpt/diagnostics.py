@@ -15,6 +15,14 @@ optimizer step adds one row to ``metrics.jsonl`` with a value per block (layer 0
                 sequence: sum over (b, c) of T * mean_t(x)^2, divided by sum of x^2 (same extra
                 pass). 1 means the stream no longer depends on which token sits where, so the
                 model can predict only character frequencies; unrelated positions give about 1/T.
+  tanh_saturation  the share of the inputs of block l's squashing norms (DyT) that lie on the flat
+                part of the tanh, |alpha x| >= 2 (same extra pass); absent (null) in a model without
+                such norms. A saturated input barely moves the output or passes a gradient.
+  tanh_input_rms  the RMS of alpha x over the same inputs: far below 1, DyT is the linear map
+                alpha x and rescales nothing; far above, it is a sign function.
+  output_logz   one value, not per block: the mean over positions of log Z, the log of the output
+                softmax's normalizer (same extra pass). Cross-entropy does not pin it, and its drift
+                is the output-logit divergence that the z-loss prevents (Wortsman et al. 2023).
   grad_norm     L2 norm of the gradient of all of block l's parameters, before clipping.
   update_ratio  ||new - old|| / ||old|| over block l's parameters for this step: how far the
                 optimizer moved the block relative to its size (about 1e-3 is typical of Adam
@@ -30,7 +38,13 @@ import math
 import torch
 import torch.nn as nn
 
-KEYS = ("resid_rms", "attn_logit_max", "token_independence", "grad_norm", "update_ratio")
+from .model import log_partition
+from .norms import Norm
+
+KEYS = ("resid_rms", "attn_logit_max", "token_independence", "tanh_saturation", "tanh_input_rms", "output_logz",
+        "grad_norm", "update_ratio")
+SINGLE_VALUE = ("output_logz",)  # one value per measured step, not one per block
+SHARES = ("tanh_saturation",)  # fractions in [0, 1], where 0 is an ordinary value
 
 
 class StepHook:
@@ -94,12 +108,24 @@ class LayerDiagnostics(StepHook):
         def after_attention(module, inputs, out):  # inputs[0]: (B, T, C), what the attention reads
             logit_max.append(module.attention_logits(inputs[0]).float().max())
 
+        # (saturated inputs, sum of squared inputs, inputs) of each block's squashing norms
+        squash = [torch.zeros(3, dtype=torch.float64) for _ in self.blocks]
+
+        def counter(layer):
+            def after_norm(module, inputs, out):  # inputs[0]: (..., d), what the norm reads
+                u = module.squash_input(inputs[0]).double()  # (..., d), what its tanh squashes
+                squash[layer] += torch.stack([(u.abs() >= module.saturation).sum(), u.pow(2).sum(),
+                                              u.new_tensor(u.numel())]).cpu()
+            return after_norm
+
         hooks = [b.register_forward_hook(after_block) for b in self.blocks]
         hooks += [b.sa.register_forward_hook(after_attention) for b in self.blocks]
+        hooks += [m.register_forward_hook(counter(layer)) for layer, b in enumerate(self.blocks)
+                  for m in b.modules() if isinstance(m, Norm) and m.squashes]
         was_training = self.model.training
         self.model.eval()
         try:
-            self.model(idx)
+            logits = self.model(idx)[0]  # (B, T, V)
         finally:
             self.model.train(was_training)
             for h in hooks:
@@ -107,6 +133,10 @@ class LayerDiagnostics(StepHook):
         self.values["resid_rms"] = torch.stack(rms).tolist()  # (L,)
         self.values["token_independence"] = torch.stack(share).tolist()
         self.values["attn_logit_max"] = torch.stack(logit_max).tolist()
+        if any(n > 0 for _, _, n in squash):
+            self.values["tanh_saturation"] = [(s / n).item() for s, _, n in squash]
+            self.values["tanh_input_rms"] = [(sq / n).sqrt().item() for _, sq, n in squash]
+        self.values["output_logz"] = [log_partition(logits).mean().item()]
 
     @torch.no_grad()
     def grads(self) -> None:
@@ -133,6 +163,7 @@ class LayerDiagnostics(StepHook):
 
     def row(self, it: int) -> dict:
         """The metrics row of this step: {"iter": it, "resid_rms": [...], ...}, one value per block
-        (None where a value is not finite: JSON has no NaN)."""
+        (output_logz: one value in a list; None where a value is not finite, as JSON has no NaN,
+        and a whole None where the model has no such quantity)."""
         clean = lambda vs: None if vs is None else [v if math.isfinite(v) else None for v in vs]  # noqa: E731
         return {"iter": it, **{k: clean(self.values.get(k)) for k in KEYS}}

@@ -16,11 +16,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import Checked, unknown_choice
+from .init import init_weights
 from .norms import NORMS, Norm, NormOptions, build_norm, qk_norm_refusal
 from .options import option
 
 PLACEMENTS = ("pre", "post", "sandwich", "deepnorm")  # see the Block docstring
-INITS = ("gpt2", "xavier")  # see GPT._init_weights
+INITS = ("gpt2", "xavier")  # see babygpt/init.py
 # Placements whose residual stream reaches the LM head un-normalized: ln_f is on by default for these.
 FINAL_NORM_BY_DEFAULT = ("pre", "sandwich")
 
@@ -44,6 +45,14 @@ class GPTConfig(Checked):
         None, "norm before the LM head; none = on for pre/sandwich, off for post/deepnorm")
     qk_norm: bool = option(False, "normalize queries and keys per head with norm_type before attention")
     dyt_alpha_init: float = option(0.5, "initial alpha of norm_type dyt: y = gamma*tanh(alpha*x)+beta")
+    dyt_alpha_init_attn: Optional[float] = option(
+        None, "initial alpha of each block's ln1 DyT (before attention in pre/sandwich; Zhu et al.'s LLaMA "
+              "recipe gives it a larger one than the other DyTs); none = dyt_alpha_init")
+    emb_scale_learnable: bool = option(
+        False, "multiply the token embeddings by a learnable scalar, initialised to sqrt(n_embd) (Zhu et al. "
+               "2025's LLaMA recipe for DyT); the tied LM head reads the unscaled matrix")
+    emb_norm: bool = option(False, "normalize the embedding output (token + position) with norm_type before "
+                                   "block 0 (Peri-LN, Kim et al. 2025)")
     init: str = option(
         "gpt2", "weight init: gpt2 = N(0, 0.02), residual projections / sqrt(2 n_layer), stream RMS about "
                 "0.03; xavier = Xavier-uniform Linear weights, embeddings N(0, 1/n_embd) times sqrt(n_embd), "
@@ -68,6 +77,8 @@ class GPTConfig(Checked):
         if self.init not in INITS:
             problems.append(unknown_choice("init", self.init, INITS))
         problems += self.norm_options().problems()
+        if self.dyt_alpha_init_attn is not None and not 0 < self.dyt_alpha_init_attn < math.inf:
+            problems.append(f"dyt_alpha_init_attn must be a positive finite number, got {self.dyt_alpha_init_attn!r}")
         if self.qk_norm and self.norm_type in NORMS:
             reason = qk_norm_refusal(self.norm_type)
             if reason is not None:
@@ -86,9 +97,10 @@ class GPTConfig(Checked):
         return self.final_norm
 
 
-def make_norm(cfg: GPTConfig, dim: int, norm_type: str | None = None) -> Norm:
-    """The configured norm (or ``norm_type``) for width ``dim``: every norm in the model is built here."""
-    return build_norm(cfg.norm_type if norm_type is None else norm_type, dim, cfg.norm_options())
+def make_norm(cfg: GPTConfig, dim: int, norm_type: str | None = None, **overrides) -> Norm:
+    """The configured norm (or ``norm_type``) for width ``dim``, with NormOptions ``overrides``:
+    every norm in the model is built here."""
+    return build_norm(cfg.norm_type if norm_type is None else norm_type, dim, cfg.norm_options(), **overrides)
 
 
 class KVCache:
@@ -223,7 +235,7 @@ class Block(nn.Module):
     residual up-weighted by the paper's alpha (``residual_scale`` here, not to be
     confused with DyT's alpha) = (2N)^(1/4), N = n_layer (the decoder-only value),
     so each update is small relative to the stream; ``ln_f`` is off as for Post-LN,
-    and its beta init is in GPT._init_weights::
+    and its beta init is in babygpt/init.py::
 
         x ──┬─► ×α ───────────────► (+) ─► ln1 ──┬─► ×α ─────────────────► (+) ─► ln2 ──►
             └─► sa ─► drop ─────────┘            └─► ffwd ─► drop ─────────┘
@@ -234,7 +246,8 @@ class Block(nn.Module):
         self.placement = cfg.norm_placement
         # Weight of the residual: (2N)^(1/4) for DeepNorm, 1 for plain Post-LN (unused otherwise).
         self.residual_scale = (2 * cfg.n_layer) ** 0.25 if cfg.norm_placement == "deepnorm" else 1.0
-        self.ln1 = make_norm(cfg, cfg.n_embd)
+        attn_alpha = cfg.dyt_alpha_init if cfg.dyt_alpha_init_attn is None else cfg.dyt_alpha_init_attn
+        self.ln1 = make_norm(cfg, cfg.n_embd, alpha_init=attn_alpha)  # alpha_init: read by DyT only
         self.sa = MultiHeadAttention(cfg)
         self.ln2 = make_norm(cfg, cfg.n_embd)
         self.ffwd = FeedForward(cfg)
@@ -257,6 +270,13 @@ class Block(nn.Module):
         return x
 
 
+def log_partition(logits: torch.Tensor) -> torch.Tensor:
+    """log Z = log sum_v exp(logit_v) of logits (..., V), in float32: the softmax's normalizer,
+    which cross-entropy subtracts and so leaves free to drift. Its square is the z-loss (PaLM,
+    Chowdhery et al. 2022; Wortsman et al. 2023, arXiv:2309.14322), which pulls log Z towards 0."""
+    return torch.logsumexp(logits.float(), dim=-1)  # (...)
+
+
 class GPT(nn.Module):
     """Token + position embeddings -> n_layer Blocks -> ln_f -> LM head tied to the token embedding."""
 
@@ -265,6 +285,8 @@ class GPT(nn.Module):
         self.config = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.pos_emb = nn.Embedding(cfg.block_size, cfg.n_embd)
+        # Peri-LN's embedding norm (emb_norm); the identity otherwise, so the state dict keeps its keys.
+        self.ln_emb = make_norm(cfg, cfg.n_embd, None if cfg.emb_norm else "none")
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = make_norm(cfg, cfg.n_embd, None if cfg.use_final_norm else "none")
@@ -273,84 +295,12 @@ class GPT(nn.Module):
         self.lm_head.weight = self.tok_emb.weight
         # Xavier init gives the token embeddings std 1/sqrt(C); scaling them by sqrt(C) on the
         # way in starts the stream at unit RMS (Vaswani et al. 2017), while the tied LM head reads
-        # the unscaled matrix. GPT-2 init has no such factor.
-        self.emb_scale = math.sqrt(cfg.n_embd) if cfg.init == "xavier" else 1.0
-        self._init_weights()
-
-    def _init_weights(self):
-        """Initialise every weight by ``config.init``; norm gains and biases keep their own init.
-
-        ``gpt2`` (GPT-2, Radford et al. 2019; nanoGPT): N(0, 0.02) for every Linear weight and
-        both embeddings, zero biases; the two projections that write into the residual stream
-        (sa.proj, ffwd.proj) use 0.02 / sqrt(2 * n_layer) so the stream's variance does not
-        grow with depth. The embeddings' RMS is about 0.03 (token plus position), so the
-        stream starts small and the first blocks' outputs dominate it.
-
-        ``xavier`` (the original Transformer, Vaswani et al. 2017, and the setting of Xiong et
-        al. 2020, arXiv:2002.04745): Xavier-uniform Linear weights,
-        std sqrt(2 / (fan_in + fan_out)), with the fused sa.qkv (3C, C) treated as the paper's
-        three (C, C) matrices W^Q, W^K, W^V, each initialised on its own; zero biases; token and
-        position embeddings N(0, 1/C), the token embeddings multiplied by sqrt(C) in forward
-        (``emb_scale``), so the stream starts at RMS about sqrt(1 + 1/C); no depth factor. The
-        embeddings follow fairseq's transformer (token and learned position embeddings
-        N(0, 1/C), only the token ones scaled by sqrt(C)).
-
-        DeepNorm (Wang et al. 2022, arXiv:2203.00555, Figure 2's pseudocode) initialises the
-        FFN weights and the attention value and output projections with Xavier-normal of gain
-        beta = (8N)^(-1/4), the query and key projections with gain 1, and drops the depth
-        factor (beta already is the depth scaling). Under ``xavier`` that is done exactly;
-        under ``gpt2``, whose base is N(0, 0.02) rather than Xavier, the same weights get std
-        0.02 * beta and the query and key rows keep 0.02. (The authors' torchscale code differs
-        in detail: Xavier-uniform with gain 1/sqrt(2) on q, k, v and PyTorch's default init on
-        the FFN before dividing fc1, fc2, v_proj and out_proj by (8N)^(1/4); this project
-        follows the paper.)"""
-        if self.config.init == "xavier":
-            self._init_xavier()
-        else:
-            self._init_gpt2()
-
-    def _attention_matrices(self, block: Block) -> dict[str, torch.Tensor]:
-        """The (C, C) views of one block's W^Q, W^K, W^V (rows of the fused qkv weight) and W^O."""
-        C, w = self.config.n_embd, block.sa.qkv.weight  # (3C, C)
-        return {"q": w[:C], "k": w[C:2 * C], "v": w[2 * C:], "o": block.sa.proj.weight}
-
-    def _init_gpt2(self):
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
-        N = self.config.n_layer
-        for block in self.blocks:
-            if self.config.norm_placement == "deepnorm":
-                attn = self._attention_matrices(block)
-                for w in (block.ffwd.fc.weight, block.ffwd.proj.weight, attn["o"], attn["v"]):
-                    nn.init.normal_(w, mean=0.0, std=0.02 * (8 * N) ** -0.25)
-            else:
-                nn.init.normal_(block.sa.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * N))
-                nn.init.normal_(block.ffwd.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * N))
-
-    def _init_xavier(self):
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-        C, N = self.config.n_embd, self.config.n_layer
-        for block in self.blocks:
-            attn = self._attention_matrices(block)
-            if self.config.norm_placement == "deepnorm":
-                beta = (8 * N) ** -0.25
-                for w in (block.ffwd.fc.weight, block.ffwd.proj.weight, attn["v"], attn["o"]):
-                    nn.init.xavier_normal_(w, gain=beta)
-                for w in (attn["q"], attn["k"]):
-                    nn.init.xavier_normal_(w, gain=1.0)
-            else:
-                for w in (attn["q"], attn["k"], attn["v"]):
-                    nn.init.xavier_uniform_(w)
-        # Last: the tied LM head, a Linear, was given Xavier above.
-        nn.init.normal_(self.tok_emb.weight, mean=0.0, std=C ** -0.5)
-        nn.init.normal_(self.pos_emb.weight, mean=0.0, std=C ** -0.5)
+        # the unscaled matrix. GPT-2 init has no such factor. DyT's LLaMA recipe (Zhu et al. 2025,
+        # the authors' other_tasks/LLaMA code) makes it a learnable scalar starting at sqrt(C),
+        # on N(0, 0.02) embeddings: their stream starts at RMS 0.02 sqrt(C), not 0.03.
+        scale = math.sqrt(cfg.n_embd) if cfg.init == "xavier" or cfg.emb_scale_learnable else 1.0
+        self.emb_scale = nn.Parameter(torch.tensor(scale)) if cfg.emb_scale_learnable else scale  # () or float
+        init_weights(self)  # by cfg.init: see babygpt/init.py
 
     def num_params(self) -> int:
         """Number of distinct parameters (the tied embedding counted once)."""
@@ -365,7 +315,7 @@ class GPT(nn.Module):
         if start + T > self.config.block_size:
             raise ValueError(f"sequence length {start + T} exceeds block_size {self.config.block_size}")
         pos = torch.arange(start, start + T, device=idx.device)  # (T,)
-        x = self.drop(self.tok_emb(idx) * self.emb_scale + self.pos_emb(pos))  # (B, T, C)
+        x = self.drop(self.ln_emb(self.tok_emb(idx) * self.emb_scale + self.pos_emb(pos)))  # (B, T, C)
         for layer, block in enumerate(self.blocks):
             x = block(x, cache, layer)  # (B, T, C)
         if cache is not None:
@@ -445,13 +395,15 @@ class GPT(nn.Module):
                              eps: float = 1e-8):
         """AdamW with two groups: matrices (dim >= 2: embeddings, Linear weights) are
         decayed; vectors and scalars (norm gains and biases, ScaleNorm's g, DyT's alpha)
-        are not, since shrinking a gain towards zero fights the normalization it belongs to."""
+        are not, since shrinking a gain towards zero fights the normalization it belongs to (the
+        learnable embedding scale, a gain too, is not decayed either)."""
         params = list(self.parameters())  # distinct tensors; the tied weight once
         decay = [p for p in params if p.dim() >= 2]
         no_decay = [p for p in params if p.dim() < 2]
         # The dim rule must agree with what the parameters are: a norm class with a matrix-shaped
         # parameter would otherwise be decayed without anyone noticing.
         expected = {id(p) for m in self.modules() if isinstance(m, Norm) for p in m.parameters()}
+        expected |= {id(self.emb_scale)} if isinstance(self.emb_scale, nn.Parameter) else set()
         expected |= {id(m.bias) for m in self.modules() if isinstance(m, nn.Linear) and m.bias is not None}
         assert {id(p) for p in no_decay} == expected, "norm/bias parameters must be exactly the non-decayed group"
         assert len(decay) + len(no_decay) == len(params), "every parameter must be in exactly one optimizer group"

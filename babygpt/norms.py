@@ -90,6 +90,10 @@ class Norm(nn.Module):
     mixes_positions = False
     # The output is the input, unchanged (NoNorm): as a query/key norm it would do nothing.
     is_identity = False
+    # The output flattens out for large inputs (DyT's tanh). Such a class defines ``squash_input(x)``,
+    # what goes into its squashing function, and ``saturation``, the size of that input from which on
+    # the curve counts as flat; the diagnostics measure both.
+    squashes = False
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -238,9 +242,17 @@ class DyT(Norm):
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if options.bias else None
 
+    squashes = True
+    # |alpha x| from which on an input counts as saturated: tanh's slope there, 1 - tanh(2)^2 = 0.07,
+    # is under a tenth of its slope at 0, so such inputs barely move the output or pass a gradient.
+    saturation = 2.0
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d)
         xf = x.to(_compute_dtype(x))
         return _affine(torch.tanh(self.alpha * xf), self.weight, self.bias, x.dtype)
+
+    def squash_input(self, x: torch.Tensor) -> torch.Tensor:  # (..., d) -> (..., d): what tanh reads
+        return self.alpha * x.to(_compute_dtype(x))
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, bias={self.bias is not None}"

@@ -94,6 +94,7 @@ def diag_series(run: dict) -> tuple[list[int], dict[str, list[list[float]]]]:
         raise BabyGPTError(f"no diagnostics in '{run['dir']}'; train with --diag_interval=N (e.g. 10)")
     n_layer = len(rows[0]["resid_rms"])
     as_floats = lambda vs: [math.nan if v is None else v for v in (vs or [None] * n_layer)]  # noqa: E731
+    # output_logz holds one value, not one per block; log Z may be negative, so it is drawn linear.
     return [r["iter"] for r in rows], {k: [as_floats(r.get(k)) for r in rows] for k in KEYS}
 
 
@@ -101,9 +102,9 @@ def plot_diagnostics(run: dict, at: list[int] | None = None):
     """Top: log10 heatmaps (layer x iteration); bottom: per-layer profiles at the ``at`` iterations
     (default: the first, middle and last measured). Returns the figure."""
     import numpy as np
-    from matplotlib.colors import LogNorm
+    from matplotlib.colors import LogNorm, Normalize
 
-    from .diagnostics import KEYS
+    from .diagnostics import KEYS, SHARES, SINGLE_VALUE
 
     iters, values = diag_series(run)
     if at:
@@ -113,30 +114,41 @@ def plot_diagnostics(run: dict, at: list[int] | None = None):
                                f"{iters[1] - iters[0] if len(iters) > 1 else iters[0]} iterations, "
                                f"from {iters[0]} to {iters[-1]}")
     else:  # the first, middle and last iterations where every value is finite (a diverged run ends in NaN)
-        # Runs from before a quantity existed have none of it: judge by the quantities present.
         present = [k for k in KEYS if any(math.isfinite(v) for vs in values[k] for v in vs)]
         ok = [i for n, i in enumerate(iters) if all(math.isfinite(v) for k in present for v in values[k][n])]
         at = sorted({ok[0], ok[len(ok) // 2], ok[-1]}) if ok else [iters[0]]
     titles = {"resid_rms": "residual stream RMS after block", "grad_norm": "gradient norm of block",
               "update_ratio": "update / weight ratio of block", "attn_logit_max": "max attention logit in block",
-              "token_independence": "share of stream same at every position"}
-    fig, axes = new_figure(2, len(KEYS), figsize=(5 * len(KEYS), 7.5))
-    for col, key in enumerate(KEYS):
-        data = np.array(values[key], dtype=float).T  # (L, n_iters)
-        finite = data[np.isfinite(data) & (data > 0)]
-        norm = LogNorm(finite.min(), finite.max()) if finite.size else None
+              "token_independence": "share of stream same at every position",
+              "tanh_saturation": "share of DyT inputs saturated in block",
+              "tanh_input_rms": "RMS of DyT's tanh input in block",
+              "output_logz": "output log Z, mean over positions"}
+    # Only what this run has: no DyT, no tanh_saturation; runs from before a quantity existed lack it.
+    keys = [k for k in KEYS if any(math.isfinite(v) for vs in values[k] for v in vs)]
+    fig, axes = new_figure(2, len(keys), figsize=(5 * len(keys), 7.5), squeeze=False)
+    for col, key in enumerate(keys):
+        data = np.array(values[key], dtype=float).T  # (L, n_iters), or (1, n_iters) for output_logz
         ax = axes[0, col]
-        mesh = ax.pcolormesh(iters, np.arange(data.shape[0]), np.where(data > 0, data, np.nan),
-                             norm=norm, shading="nearest", cmap="viridis")
-        fig.colorbar(mesh, ax=ax)
-        ax.set(title=titles[key], xlabel="iteration", ylabel="layer", yticks=range(data.shape[0]))
         at_ = diverged_at(run)
         if at_ is not None:
             ax.axvline(at_, color="red", linestyle="--", linewidth=1)
+        if key in SINGLE_VALUE:  # a curve over iterations, and no per-layer profile
+            ax.plot(iters, data[0])
+            ax.set(title=titles[key], xlabel="iteration", ylabel=key)
+            ax.grid(alpha=0.3)
+            axes[1, col].axis("off")
+            continue
+        log = key not in SHARES  # shares (0 to 1, zero included) read better on a linear scale
+        finite = data[np.isfinite(data) & (data > 0 if log else True)]
+        norm = (LogNorm if log else Normalize)(finite.min(), finite.max()) if finite.size else None
+        mesh = ax.pcolormesh(iters, np.arange(data.shape[0]), np.where(data > 0, data, np.nan) if log else data,
+                             norm=norm, shading="nearest", cmap="viridis")
+        fig.colorbar(mesh, ax=ax)
+        ax.set(title=titles[key], xlabel="iteration", ylabel="layer", yticks=range(data.shape[0]))
         ax = axes[1, col]
         for i in at:
             ax.plot(np.arange(data.shape[0]), data[:, iters.index(i)], "o-", label=f"iter {i}")
-        ax.set_yscale("log")
+        ax.set_yscale("log" if log else "linear")
         ax.set(xlabel="layer", ylabel=key, xticks=range(data.shape[0]))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

@@ -28,7 +28,7 @@ from typing import Optional
 
 from tqdm import tqdm
 
-from .config import FIELDS, load_config, to_dict, with_resolved_dtype
+from .config import FIELDS, TrainConfig, load_config, to_dict, with_resolved_dtype
 from .errors import BabyGPTError, Interrupted
 from .options import option, parse_into
 from .rundir import RunDir, RunLock, read_json, read_record
@@ -158,7 +158,10 @@ class Sweep:
         if not isinstance(had, dict):
             raise BabyGPTError(f"{self.out_dir(run)}/config.json is damaged (no settings in its last resume "
                                f"record); move that run directory aside to run it again")
-        diffs = [k for k in wanted if k not in ("out_dir", "init_from") and had.get(k) != wanted[k]]
+        # A key missing there is a field added since that run was made; it ran as that field's default
+        # (a new field defaults to the behaviour from before it existed: init, adam_eps, z_loss, ...).
+        defaults = to_dict(TrainConfig())
+        diffs = [k for k in wanted if k not in ("out_dir", "init_from") and had.get(k, defaults.get(k)) != wanted[k]]
         if diffs:
             shown = ", ".join(f"{k}={had.get(k)!r} there, {wanted[k]!r} now" for k in diffs[:4])
             raise BabyGPTError(f"{self.out_dir(run)} was run with other settings ({shown}); "

@@ -27,7 +27,7 @@ from .checkpoint import pack_training_state, restore_rng, resume_training_state,
 from .config import TrainConfig, to_dict, with_resolved_dtype
 from .data import BatchSampler, CharTokenizer, load_dataset
 from .diagnostics import NO_HOOK, LayerDiagnostics, StepHook
-from .model import GPT, GPTConfig
+from .model import GPT, GPTConfig, log_partition
 from .references import is_collapsed, references
 from .rundir import RunDir, owned, run_record
 from .runtime import autocast, check_dtype, resolve_device
@@ -388,10 +388,10 @@ class Trainer:
             last = micro == cfg.gradient_accumulation_steps - 1
             with contextlib.nullcontext() if last or not self.dist.enabled else self._train_net.no_sync():
                 with autocast(self.device, cfg.dtype):
-                    _, loss = self._train_net(x, y)
-                loss = loss / cfg.gradient_accumulation_steps
-                step_loss += loss.detach()
-                self.scaler.scale(loss).backward()
+                    logits, loss = self._train_net(x, y)
+                objective = loss + cfg.z_loss * log_partition(logits).pow(2).mean() if cfg.z_loss else loss
+                step_loss += loss.detach() / cfg.gradient_accumulation_steps  # cross-entropy only
+                self.scaler.scale(objective / cfg.gradient_accumulation_steps).backward()
         hook.after_backward(x)
         self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the loss-scaled ones
         hook.after_unscale()

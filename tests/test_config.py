@@ -130,6 +130,7 @@ def test_config_file_errors(tmp_path):
     (["--norm_placement=middle"], "unknown norm_placement 'middle'"),
     (["--init=xavir"], "unknown init 'xavir'; choose one of: gpt2, xavier (did you mean 'xavier'?)"),
     (["--adam_eps=0"], "adam_eps must be in (0, 1]"),
+    (["--z_loss=-1e-4"], "z_loss must be >= 0"),
     (["--adam_eps=-1e-8"], "adam_eps must be in (0, 1]"),
     (["--device=cpu", "--dtype=float16"], "float16 is not supported on CPU"),
 ])
@@ -165,10 +166,14 @@ def test_shipped_configs_load(name):
 
 
 def test_ablation_configs_only_set_norm_keys_and_out_dir():
-    allowed = {"norm_type", "norm_placement", "final_norm", "out_dir", "qk_norm", "dyt_alpha_init"}
+    """Two shipped configs differ only in how the model normalizes: its norm keys, and the papers'
+    recipes' own model keys (bias, the embedding scale and norm, DyT's alphas); never the model's size
+    or a training key."""
+    allowed = {"norm_type", "norm_placement", "final_norm", "out_dir", "qk_norm", "dyt_alpha_init",
+               "dyt_alpha_init_attn", "emb_scale_learnable", "emb_norm", "bias"}
     from babygpt.config import read_config_file
     for name in os.listdir(CONFIG_DIR):
-        if name.startswith(("prenorm_", "postnorm_", "sandwich_", "deepnorm_")):
+        if name.startswith(("prenorm_", "postnorm_", "sandwich_", "deepnorm_", "periln_")):
             keys = set(read_config_file(os.path.join(CONFIG_DIR, name)))
             assert keys <= allowed and keys >= {"norm_type", "norm_placement", "out_dir"}, (name, keys)
 

@@ -46,8 +46,32 @@ def test_stream_values_match_a_manual_forward(placement, norm, init):
             expected["resid_rms"].append(x.pow(2).mean().sqrt().item())
             same = x.mean(dim=1, keepdim=True).expand_as(x)  # the part that is equal at every position
             expected["token_independence"].append((same.pow(2).sum() / x.pow(2).sum()).item())
+        expected["output_logz"] = [torch.logsumexp(model.lm_head(model.ln_f(x)), dim=-1).mean().item()]
     for key, values in expected.items():
         assert_close(torch.tensor(diag.values[key]), torch.tensor(values), msg=key)
+    assert ("tanh_saturation" in diag.values) == ("tanh_input_rms" in diag.values) == (norm == "dyt")
+
+
+@pytest.mark.parametrize("alpha", [1.0, 4.0])
+def test_tanh_saturation_counts_dyt_inputs_beyond_the_knee(alpha):
+    model = GPT(tiny_config(norm_type="dyt", init="xavier", dyt_alpha_init=alpha)).eval()
+    idx = torch.randint(29, (3, 16))
+    diag = LayerDiagnostics(model)
+    diag.stream(idx)
+    expected, rms = [], []
+    with torch.no_grad():
+        x = model.tok_emb(idx) * model.emb_scale + model.pos_emb(torch.arange(16))  # (B, T, C)
+        for block in model.blocks:  # Pre-LN: ln1 reads the stream, then ln2 the stream after attention
+            first = alpha * x
+            x = x + block.sa(block.ln1(x))
+            second = alpha * x
+            x = x + block.ffwd(block.ln2(x))
+            both = torch.cat([first.flatten(), second.flatten()])
+            expected.append((both.abs() >= 2).float().mean().item())
+            rms.append(both.pow(2).mean().sqrt().item())
+    assert_close(torch.tensor(diag.values["tanh_saturation"]), torch.tensor(expected))
+    assert_close(torch.tensor(diag.values["tanh_input_rms"]), torch.tensor(rms))
+    assert 0 < max(expected) < 1  # the case tests something: some inputs are saturated, not all
 
 
 def test_token_independence_is_one_for_a_position_free_stream_and_small_otherwise():
@@ -84,7 +108,9 @@ def test_diagnostics_rows_shapes_and_no_effect_on_training(data_dir, tmp_path):
     diag = [r for r in on if "resid_rms" in r]
     assert [r["iter"] for r in diag] == [4, 8, 12]
     for r in diag:
-        for k in KEYS:
+        assert r["tanh_saturation"] is None and r["tanh_input_rms"] is None  # no DyT in this model
+        assert len(r["output_logz"]) == 1 and math.isfinite(r["output_logz"][0])  # one value, any sign
+        for k in set(KEYS) - {"tanh_saturation", "tanh_input_rms", "output_logz"}:
             assert len(r[k]) == 2 and all(v > 0 and v == v for v in r[k]), (k, r[k])  # n_layer values
     loss = lambda rs: [(r["iter"], r["loss"]) for r in rs if "loss" in r]  # noqa: E731
     assert loss(on) == loss(off)  # measuring does not change the run (dropout RNG included)

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -103,6 +104,17 @@ def test_sweep_runs_skips_finished_resumes_killed_and_reads_divergence(small_swe
     with pytest.raises(BabyGPTError, match="was run with other settings"):
         other.run(progress=False)
 
+    # A run made before a field existed (its config.json lacks the key) ran as that field's default:
+    # it is reused where the field is at its default now, and refused where it is not.
+    path = os.path.join(sweep.out_dir(runs[0]), "config.json")
+    info = json.load(open(path))
+    for record in [info, *info.get("resumes", [])]:
+        record["config"].pop("z_loss")
+    json.dump(info, open(path, "w"))
+    assert sweep.run(progress=False)[0]["exit_code"] is None  # found done, not run again
+    with pytest.raises(BabyGPTError, match="was run with other settings .z_loss=None there, 0.0001 now"):
+        Sweep(sweep.root, runs, sweep.base_args + ["--z_loss=1e-4"]).run(progress=False)
+
 
 @pytest.mark.slow
 def test_sweep_cli(data_dir, tmp_path):
@@ -138,6 +150,8 @@ def test_plot_cli_and_divergence_marker(small_sweep, tmp_path):
     ("exp3_prenorm_vs_postnorm", ["--data_dir={data}", "--jobs=2"], ["stability_map.png", "results.csv", "report.md"]),
     ("exp6_postln_collapse", ["--data_dir={data}", "--jobs=2", "--seeds=1", "--diag_interval=5"],
      ["collapse_diagnostics.png", "results.csv", "report.md"]),
+    ("exp7_lr_sensitivity", ["--data_dir={data}", "--jobs=2"], ["lr_sensitivity.png", "results.csv", "report.md"]),
+    ("exp8_dyt_saturation", ["--data_dir={data}", "--jobs=2"], ["dyt_saturation.png", "results.csv", "report.md"]),
 ])
 def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
     args = [a.format(data=data_dir) for a in extra]
@@ -155,6 +169,14 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
         assert (tmp_path / "res" / "amplification.png").stat().st_size > 0
         for key in ("per_layer", "last_layer", "amplification"):
             assert f"<!-- table: {key} -->" in report
+    if script == "exp7_lr_sensitivity":  # 4 arms x 2 LRs x 1 width x 1 seed, z-loss and qk_norm reaching the runs
+        rows = read_csv(tmp_path / "res" / "results.csv")
+        assert len(rows) == 8 and {(r["cfg.qk_norm"], r["cfg.z_loss"]) for r in rows} == \
+            {("False", "0.0"), ("True", "0.0"), ("False", "0.0001"), ("True", "0.0001")}
+        assert "<!-- table: sensitivity -->" in report and "<!-- table: instabilities -->" in report
+    if script == "exp8_dyt_saturation":  # plain and paper DyT under both inits, saturation measured
+        assert len(read_csv(tmp_path / "res" / "results.csv")) == 4
+        assert "<!-- table: saturation -->" in report and report.count("| prenorm_dyt_paper |") >= 2
     if script == "exp6_postln_collapse":
         rows = read_csv(tmp_path / "res" / "results.csv")
         assert len(rows) == 5 and {r["cfg.diag_interval"] for r in rows} == {"5"}
@@ -366,3 +388,24 @@ def test_sweep_options_report_every_problem_together():
     ok = parse_into(SweepOptions, ["--grid", "norm_type=layernorm,rmsnorm", "--grid=learning_rate=1e-3",
                                    "--seeds", "0,1"], SWEEP_USAGE)
     assert ok.axes() == {"norm_type": ["layernorm", "rmsnorm"], "learning_rate": [1e-3]} and ok.seed_list() == [0, 1]
+
+
+def test_lr_sensitivity_experiment_reads_the_diagnostics(monkeypatch):
+    """exp7: the peak attention logit is the largest over layers and iterations, |log Z| is read at the
+    last measurement, and the table's LR sensitivity is babygpt.stats' on the seed-mean losses."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp7_lr_sensitivity as exp7
+    from babygpt.stats import lr_sensitivity
+
+    run = {"metrics": [{"iter": 10, "attn_logit_max": [3.0, 9.0], "output_logz": [-4.0]},
+                       {"iter": 20, "loss": 2.0},
+                       {"iter": 30, "attn_logit_max": [5.0, None], "output_logz": [-6.0]}]}
+    assert exp7.peak_diag(run, "attn_logit_max") == 9.0 and exp7.last_diag(run, "output_logz") == -6.0
+    lrs, widths = [1e-3, 1e-2], [64]
+    losses = {"plain": [2.5, 2.2], "qk_norm": [2.4, 2.3], "z_loss": [2.5, math.inf], "qk_norm + z_loss": [3.0, 2.9]}
+    summary = {(arm, 64, lr): {"loss": loss, "logit": 1.0, "logz": 2.0}
+               for arm, ls in losses.items() for lr, loss in zip(lrs, ls)}
+    table = exp7.sensitivity_table(summary, lrs, widths, {64: 4.2})
+    plain = next(line for line in table.splitlines() if "| plain |" in line)
+    assert f"| {lr_sensitivity({1e-3: 2.5, 1e-2: 2.2}, 4.2):.3f} |" in plain and "| 0.01 | 2.200 |" in plain
+    assert "diverged" in next(line for line in table.splitlines() if "| z_loss |" in line)

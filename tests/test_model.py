@@ -244,7 +244,7 @@ def test_gpt2_init_scales():
 
 
 def expected_weight_stds(init: str, placement: str, C: int, N: int) -> dict[str, float]:
-    """The std each weight of a block should have, from the init's definition (GPT._init_weights)."""
+    """The std each weight of a block should have, from the init's definition (babygpt/init.py)."""
     beta = (8 * N) ** -0.25 if placement == "deepnorm" else 1.0
     if init == "gpt2":
         resid = 0.02 * beta if placement == "deepnorm" else 0.02 / math.sqrt(2 * N)

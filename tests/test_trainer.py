@@ -135,3 +135,28 @@ def test_building_a_trainer_writes_nothing_and_prints_nothing(data_dir, tmp_path
     assert not out.exists() and capsys.readouterr().out == ""
     summary = trainer.train()
     assert summary["status"] in COMPLETED and (out / "summary.json").exists()
+
+
+@pytest.mark.parametrize("z_loss", [0.0, 1e-4, 0.5])
+def test_z_loss_adds_the_squared_log_normalizer_to_the_objective_only(data_dir, tmp_path, z_loss):
+    """One step's gradient is that of CE + z_loss * mean((log Z)^2), computed by hand on the same batch;
+    the loss the step returns (and logs) is the cross-entropy alone."""
+    args = [*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'z'}", "--grad_clip=0",
+            f"--z_loss={z_loss}"]
+    trainer = Trainer(load_config(args))
+    model, sampler = trainer.model, trainer.state.sampler
+    before = sampler.state_dict()
+    x, y = sampler.next_batch()
+    sampler.load_state_dict(before)  # the step draws this same batch
+    logits, ce = model(x, y)
+    plain = torch.autograd.grad(ce, list(model.parameters()), retain_graph=True)
+    expected = torch.autograd.grad(ce + z_loss * torch.logsumexp(logits, dim=-1).pow(2).mean(),
+                                   list(model.parameters()))
+    captured = {}
+    trainer.optimizer.step = lambda: captured.update(grads=[p.grad.clone() for p in model.parameters()])
+    step_loss = trainer.step(lr=1e-3)
+    torch.testing.assert_close(step_loss, ce.detach())
+    for got, want in zip(captured["grads"], expected):
+        torch.testing.assert_close(got, want)
+    # and the term is there at all: with a coefficient, the gradient differs from plain cross-entropy's
+    assert any(not torch.allclose(a, b) for a, b in zip(plain, expected)) == (z_loss > 0)
