@@ -226,6 +226,8 @@ class Block(nn.Module):
     2025, arXiv:2502.02732) is Pre-LN plus a norm on each sublayer's *output*
     (``ln1_out``, ``ln2_out``) before the add, which bounds what one sublayer can
     write into the stream. The stream is still not normalized, so ``ln_f`` is on.
+    Peri-LN as its paper defines it also normalizes the embedding output before
+    block 0 (``emb_norm``, ``GPT.ln_emb``; config/periln_rms.py).
     The dropout comes after the output norm::
 
         x ──┬──────────────────────────────────► (+) ──┬─────────────────────────────────────► (+) ──►

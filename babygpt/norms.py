@@ -232,7 +232,11 @@ class DyT(Norm):
     each norm (the final one included) by this element-wise squashing.
     ``alpha`` is one learnable scalar, initialised to ``alpha_init`` (0.5 is the
     paper's default); ``weight`` (gamma) starts at 1 and ``bias`` (beta) at 0.
-    ``bias=False`` drops beta, as for LayerNorm. ``eps`` is unused.
+    ``bias=False`` drops beta, as for LayerNorm. ``eps`` is unused. This is the
+    authors' ``DynamicTanh`` (github.com/jiachenzhu/DyT, dynamic_tanh.py). Their
+    language-model recipe (other_tasks/LLaMA: no beta, a larger alpha_init before
+    attention, a learnable sqrt(d) scale on the embeddings) is configured in the
+    model: ``bias``, ``dyt_alpha_init_attn``, ``emb_scale_learnable``.
     """
 
     def __init__(self, dim: int, options: NormOptions = NormOptions(), **overrides):
