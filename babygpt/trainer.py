@@ -276,12 +276,14 @@ class Trainer:
             summary = self._train()
         # Only on this normal path: after an exception the other ranks may be inside another
         # collective, and torchrun ends the job when this process exits.
-        if self._owns_group:
+        if self.dist.enabled:
             # DDP's reducer holds communication state in reference cycles: free it now, while the
             # group and the interpreter are alive, rather than at interpreter exit after the group
-            # is gone (where gloo can abort the process).
+            # is gone (where gloo can abort the process). Whoever owns the group: a caller that
+            # ends the group itself (tests/ddp_worker.py) needs it freed just the same.
             self._train_net = self.net
             gc.collect()
+        if self._owns_group:
             distributed.shutdown()
         return summary
 
