@@ -6,6 +6,8 @@ Measures, for the model and batch the config describes:
   - peak memory: the process's max RSS, and CUDA max allocated when on a GPU;
   - model FLOP/s and MFU: 6 * params + attention FLOPs per token, against a matmul peak
     measured here for the same device and dtype;
+  - the matmul peak of every dtype (float32, bfloat16, float16): whether this machine computes the
+    half dtypes natively or emulates them tens of times slower;
   - sampling tokens/s at batch 1, with and without the KV cache.
 """
 
@@ -27,7 +29,7 @@ from .errors import BabyGPTError
 from .files import output_file_problems
 from .options import option, options_of
 from .rundir import write_json
-from .runtime import DTYPES, autocast
+from .runtime import DTYPES, EMULATED_SLOWDOWN, autocast
 
 USAGE = "python bench.py [CONFIG.py] [--key=value ...] [--json=PATH] [--windows=N] [--window_iters=N]"
 
@@ -67,6 +69,14 @@ def matmul_peak(device: torch.device, dtype: str, n: int = 2048, repeats: int = 
         sync(device)
         times.append(time.perf_counter() - t)
     return 2 * n**3 / statistics.median(times)
+
+
+def matmul_peaks_by_dtype(device: torch.device) -> dict[str, float]:
+    """matmul_peak for every dtype a run can choose: where a half dtype is emulated (many CPUs) it is
+    tens of times below float32. The size is smaller on a CPU, where an emulated 2048 x 2048 matmul
+    takes tens of seconds, and large enough on a GPU to fill it."""
+    n = 2048 if device.type == "cuda" else 512
+    return {dtype: matmul_peak(device, dtype, n=n) for dtype in DTYPES}
 
 
 def flops_per_token(model) -> float:
@@ -149,6 +159,7 @@ def run_bench(cfg: TrainConfig, opts: BenchOptions) -> dict:
         **train,
         "model_flops_per_s": fpt * train["tokens_per_s"],
         "matmul_peak_flops_per_s": peak,
+        "matmul_peak_by_dtype": matmul_peaks_by_dtype(device),
         "mfu": fpt * train["tokens_per_s"] / peak,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "cuda_max_allocated_mb": torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None,
@@ -158,6 +169,13 @@ def run_bench(cfg: TrainConfig, opts: BenchOptions) -> dict:
     }
     result["kv_cache_speedup"] = result["sample_tokens_per_s_cached"] / result["sample_tokens_per_s_uncached"]
     return result
+
+
+def by_dtype_note(peaks: dict[str, float]) -> str:
+    """' (bfloat16 85x slower than float32: emulated)' for each half dtype this machine emulates."""
+    slow = [f"{d} {peaks['float32'] / f:.0f}x slower than float32" for d, f in peaks.items()
+            if peaks["float32"] / f >= EMULATED_SLOWDOWN]
+    return f" ({'; '.join(slow)}: emulated)" if slow else ""
 
 
 def format_table(r: dict) -> str:
@@ -171,6 +189,8 @@ def format_table(r: dict) -> str:
         ("train ms/iter", f"{r['ms_per_iter']:.1f} (median of windows {r['ms_per_iter_windows']})"),
         ("model FLOP/s", f"{r['model_flops_per_s'] / 1e9:.1f} GFLOP/s"),
         ("matmul peak", f"{r['matmul_peak_flops_per_s'] / 1e9:.1f} GFLOP/s ({c['dtype']})"),
+        ("matmul peak by dtype", ", ".join(f"{d} {f / 1e9:.1f}" for d, f in r["matmul_peak_by_dtype"].items())
+                                 + f" GFLOP/s{by_dtype_note(r['matmul_peak_by_dtype'])}"),
         ("MFU", f"{100 * r['mfu']:.1f}%"),
         ("peak RSS", f"{r['peak_rss_mb']:.0f} MB"),
     ]

@@ -39,7 +39,8 @@ class TrainConfig(Checked):
     device: Literal["auto", "cpu", "cuda", "mps"] = option("auto", "auto = cuda if available, else mps, else cpu")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = option(
         "auto", "autocast dtype; auto = bfloat16 on CUDA (float16 + GradScaler if the GPU lacks bf16), "
-                "float32 on CPU/MPS; bfloat16 also works on CPU; float16 needs CUDA")
+                "float32 on CPU/MPS; bfloat16 and float16 (+ GradScaler) also work on CPU, fast only where the CPU "
+                "has them natively (a run says so, and warns where they are emulated)")
     compile: bool = option(False, "torch.compile the model (falls back to eager with a warning)")
     seed: int = option(1337, "seed for init, batches and dropout")
     # data

@@ -8,6 +8,9 @@ optimizer step adds one row to ``metrics.jsonl`` with a value per block (layer 0
                 step's last batch with the weights of before the step: the training pass
                 itself is left alone (no hooks inside a compiled or DDP-wrapped model, no random
                 numbers drawn), so a run with diagnostics trains exactly like one without.
+  resid_max     the largest |x| of the residual stream leaving block l (same extra pass): what the
+                next norm reads. Above 255.9, x^2 exceeds float16's largest value (65,504), so a norm
+                that squared in float16 would overflow (this project's norms square in float32).
   attn_logit_max  the largest pre-softmax attention score q.k / sqrt(D) of block l over the batch,
                 heads and visible positions (same extra pass). Scores that keep growing saturate
                 the softmax into one-hot attention (Dehghani et al. 2023; Wortsman et al. 2023).
@@ -41,7 +44,7 @@ import torch.nn as nn
 from .model import log_partition
 from .norms import Norm
 
-KEYS = ("resid_rms", "attn_logit_max", "token_independence", "tanh_saturation", "tanh_input_rms", "output_logz",
+KEYS = ("resid_rms", "resid_max", "attn_logit_max", "token_independence", "tanh_saturation", "tanh_input_rms", "output_logz",
         "grad_norm", "update_ratio")
 SINGLE_VALUE = ("output_logz",)  # one value per measured step, not one per block
 SHARES = ("tanh_saturation",)  # fractions in [0, 1], where 0 is an ordinary value
@@ -92,17 +95,19 @@ class LayerDiagnostics(StepHook):
 
     @torch.no_grad()
     def stream(self, idx: torch.Tensor) -> None:
-        """The stream's RMS and token independence after each block, and each block's largest
+        """The stream's RMS, largest |x| and token independence after each block, and each block's largest
         attention logit, for token ids ``idx`` (B, T). Called first in a measured step, so it
         also clears the previous step's values (a step that is then skipped must not report an
         old update ratio)."""
         self.values = {}
         rms: list[torch.Tensor] = []
+        peak: list[torch.Tensor] = []
         share: list[torch.Tensor] = []
         logit_max: list[torch.Tensor] = []
 
         def after_block(module, inputs, out):  # out: (B, T, C), the stream leaving the block
             rms.append(out.float().pow(2).mean().sqrt())
+            peak.append(out.float().abs().max())
             share.append(token_independence(out))
 
         def after_attention(module, inputs, out):  # inputs[0]: (B, T, C), what the attention reads
@@ -131,6 +136,7 @@ class LayerDiagnostics(StepHook):
             for h in hooks:
                 h.remove()
         self.values["resid_rms"] = torch.stack(rms).tolist()  # (L,)
+        self.values["resid_max"] = torch.stack(peak).tolist()
         self.values["token_independence"] = torch.stack(share).tolist()
         self.values["attn_logit_max"] = torch.stack(logit_max).tolist()
         if any(n > 0 for _, _, n in squash):

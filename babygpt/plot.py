@@ -117,7 +117,8 @@ def plot_diagnostics(run: dict, at: list[int] | None = None):
         present = [k for k in KEYS if any(math.isfinite(v) for vs in values[k] for v in vs)]
         ok = [i for n, i in enumerate(iters) if all(math.isfinite(v) for k in present for v in values[k][n])]
         at = sorted({ok[0], ok[len(ok) // 2], ok[-1]}) if ok else [iters[0]]
-    titles = {"resid_rms": "residual stream RMS after block", "grad_norm": "gradient norm of block",
+    titles = {"resid_rms": "residual stream RMS after block", "resid_max": "residual stream max |x| after block",
+              "grad_norm": "gradient norm of block",
               "update_ratio": "update / weight ratio of block", "attn_logit_max": "max attention logit in block",
               "token_independence": "share of stream same at every position",
               "tanh_saturation": "share of DyT inputs saturated in block",

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
+import time
 
 import torch
 
@@ -47,17 +50,67 @@ def resolve_dtype(device: torch.device, dtype: str) -> str:
 
 
 def check_dtype(device: torch.device, dtype: str) -> None:
-    """float16 training needs a GradScaler, which BabyGPT uses on CUDA only."""
+    """float16 trains with a GradScaler, which torch offers for CUDA and CPU; bfloat16 needs a GPU
+    that has it."""
     dtype = resolve_dtype(device, dtype)
-    if dtype == "float16" and device.type == "cpu":
-        raise BabyGPTError("dtype float16 is not supported on CPU (CPU autocast is bfloat16); "
-                           "use --dtype=bfloat16 or --dtype=float32")
-    if dtype == "float16" and device.type != "cuda":
-        raise BabyGPTError(f"dtype float16 needs CUDA (it trains with a GradScaler); on {device.type} "
+    if dtype == "float16" and device.type not in ("cuda", "cpu"):
+        raise BabyGPTError(f"dtype float16 needs CUDA or the CPU (it trains with a GradScaler); on {device.type} "
                            f"use --dtype=bfloat16 or --dtype=float32")
     if dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise BabyGPTError("this GPU does not support bfloat16; use --dtype=float16 (with a GradScaler) "
                            "or --dtype=float32")
+
+
+def uses_grad_scaler(dtype: str) -> bool:
+    """float16's narrow exponent range underflows small gradients: its training scales the loss."""
+    return dtype == "float16"
+
+
+# A half-precision matmul this many times slower than float32 is emulated: native bfloat16 or
+# float16 (AVX512-BF16, AMX, AVX512-FP16, a GPU) runs at least as fast as float32, while a CPU
+# without them converts each element in software and is tens of times slower.
+EMULATED_SLOWDOWN = 2.0
+
+
+def _matmul_seconds(device: torch.device, dtype: torch.dtype, n: int, repeats: int) -> float:
+    """Best wall time of one n x n matmul in ``dtype`` on ``device``."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    best = math.inf
+    for _ in range(repeats + 1):  # the first call warms up (allocation, kernel choice)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@functools.lru_cache(maxsize=None)
+def matmul_slowdown(device_type: str, dtype: str, n: int = 256, repeats: int = 3) -> float:
+    """How many times longer a ``dtype`` matmul takes than a float32 one on this machine (a probe of
+    a few milliseconds where the dtype is native, well under a second where it is emulated; measured
+    once per process). Under 1 means faster than float32."""
+    if dtype == "float32":
+        return 1.0
+    device = torch.device(device_type)
+    return _matmul_seconds(device, DTYPES[dtype], n, repeats) / _matmul_seconds(device, torch.float32, n, repeats)
+
+
+def dtype_note(device: torch.device, dtype: str) -> tuple[str, str | None]:
+    """What to say at the start of a run about computing in ``dtype`` (resolved) on ``device``:
+    (a few words for the run's first line, a warning or None). Only the CPU is probed: every CUDA
+    GPU computes float16 natively, and check_dtype refuses one without bfloat16."""
+    if dtype == "float32" or device.type != "cpu":
+        return "", None
+    slowdown = matmul_slowdown(device.type, dtype)
+    if slowdown < EMULATED_SLOWDOWN:
+        return f" (native on this CPU: matmul {slowdown:.1f}x the time of float32)", None
+    return (f" (emulated on this CPU: matmul {slowdown:.0f}x slower than float32)",
+            f"this CPU has no native {dtype} matmul: measured {slowdown:.0f}x slower than float32, so "
+            f"--dtype={dtype} makes training slower, not faster; use --dtype=float32 (or --dtype=auto)")
 
 
 def autocast(device: torch.device, dtype: str):

@@ -6,7 +6,7 @@ import contextlib
 import math
 import sys
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 
@@ -16,7 +16,7 @@ from .errors import BabyGPTError
 from .model import GPT, GPTConfig
 from .options import option, parse_into
 from .resources import check_fits, inference_bytes
-from .runtime import resolve_device
+from .runtime import DTYPES, resolve_device
 
 MIN_TEMPERATURE = 1e-3  # below this sampling is greedy in all but name, and logits / T overflow near 1e-38
 USAGE = "python sample.py --ckpt PATH [--start TEXT|FILE:path] [--key value ...] [--debug]"
@@ -35,6 +35,9 @@ class SampleOptions:
     seed: int = option(1337, "random seed")
     device: str = option("auto", "auto, cpu, cuda or mps")
     no_kv_cache: bool = option(False, "recompute the whole context at every step (slower; the same text)")
+    dtype: Literal["float32", "bfloat16", "float16"] = option(
+        "float32", "weights and activations in this dtype (a pure cast, not autocast); the norms still "
+                   "square in float32, so a stream above 255.9 does not overflow float16")
 
     def problems(self) -> list[str]:
         """Values that parsed but cannot be used (top_k is checked against the checkpoint's vocabulary)."""
@@ -47,8 +50,9 @@ class SampleOptions:
         return problems
 
 
-def load_model(path: str, device: torch.device) -> tuple[GPT, CharTokenizer]:
-    """The model and tokenizer stored in a BabyGPT checkpoint, in eval mode."""
+def load_model(path: str, device: torch.device, dtype: str = "float32") -> tuple[GPT, CharTokenizer]:
+    """The model and tokenizer stored in a BabyGPT checkpoint, in eval mode, its weights cast to
+    ``dtype``."""
     ckpt = load_checkpoint(path, map_location=device)
     with _damaged(path):
         cfg = GPTConfig(**ckpt["model_config"])
@@ -60,7 +64,7 @@ def load_model(path: str, device: torch.device) -> tuple[GPT, CharTokenizer]:
         model = GPT(cfg)
         model.load_state_dict(ckpt["model"])
         tok = CharTokenizer(ckpt["vocab"])
-    return model.to(device).eval(), tok
+    return model.to(device=device, dtype=DTYPES[dtype]).eval(), tok
 
 
 @contextlib.contextmanager
@@ -102,7 +106,7 @@ def sample_cli(argv: list[str]) -> int:
     """sample.py: read the options, load the checkpoint, stream samples to stdout."""
     args = parse_into(SampleOptions, argv, USAGE, "Sample text from a BabyGPT checkpoint.")
     device = resolve_device(args.device)
-    model, tok = load_model(args.ckpt, device)
+    model, tok = load_model(args.ckpt, device, args.dtype)
     if args.top_k is not None and not 1 <= args.top_k <= tok.vocab_size:
         raise BabyGPTError(f"--top_k must be between 1 and the vocabulary size {tok.vocab_size}, "
                            f"got {args.top_k}")

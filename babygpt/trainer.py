@@ -30,7 +30,7 @@ from .diagnostics import NO_HOOK, LayerDiagnostics, StepHook
 from .model import GPT, GPTConfig, log_partition
 from .references import is_collapsed, references
 from .rundir import RunDir, owned, run_record
-from .runtime import autocast, check_dtype, resolve_device
+from .runtime import autocast, check_dtype, dtype_note, resolve_device, uses_grad_scaler
 from .signals import StopSignals
 from .state import TrainState, finite_or_none
 
@@ -245,8 +245,7 @@ class Trainer:
             cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), fused=self.device.type == "cuda",
             eps=cfg.adam_eps)
         # Loss scaling is needed only for float16 (its narrow exponent range underflows small gradients).
-        self.scaler = torch.amp.GradScaler(self.device.type,
-                                           enabled=self.device.type == "cuda" and cfg.dtype == "float16")
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=uses_grad_scaler(cfg.dtype))
         # net: what forward passes go through; _train_net adds DDP's gradient averaging.
         self.net, self._train_net = forward_modules(self.model, cfg, self.device, self.dist, wrap_model)
         # Measured on rank 0 only: it alone writes metrics.
@@ -299,7 +298,10 @@ class Trainer:
                                       self.dist.world_size), self.state.iter if cfg.init_from == "resume" else None)
         if self.main:
             ranks = f" x {self.dist.world_size} processes" if self.dist.enabled else ""
-            print(f"training on {self.device}{ranks} in {cfg.dtype}, {self.model.num_params() / 1e6:.2f}M "
+            native, warning = dtype_note(self.device, cfg.dtype)
+            if warning:
+                print(f"warning: {warning}", file=sys.stderr, flush=True)
+            print(f"training on {self.device}{ranks} in {cfg.dtype}{native}, {self.model.num_params() / 1e6:.2f}M "
                   f"parameters, into {cfg.out_dir}", flush=True)
         self._clock = time.perf_counter() - self.state.elapsed_s
         if self.state.pending_rng is not None:  # after everything that draws random numbers

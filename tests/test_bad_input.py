@@ -79,7 +79,6 @@ TRAIN_CASES = {
     "unknown_placement": (["--norm_placement=middle"], ["unknown norm_placement 'middle'"]),
     "unknown_device": (["--device=tpu"], ["unknown device 'tpu'"]),
     "unknown_dtype": (["--dtype=float8"], ["unknown dtype 'float8'"]),
-    "float16_on_cpu": (["--device=cpu", "--dtype=float16"], ["float16 is not supported on CPU"]),
     "resume_without_checkpoint": (["--init_from=resume"], ["cannot resume: no checkpoint"]),
     "resume_other_architecture": (["--out_dir=out", "--init_from=resume", "--max_iters=20", "--n_embd=64"],
                                   ["different architecture", "n_embd=32 there, 64 here"]),

@@ -14,13 +14,16 @@ def test_bench_prints_table_and_writes_json(tmp_path):
     proc = run_script("bench.py", *TINY_TRAIN_ARGS, f"--data_dir={data}", "--windows=2", "--window_iters=2",
                       "--sample_tokens=40", "--json=bench.json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    for label in ("train tokens/s", "train ms/iter", "MFU", "peak RSS", "matmul peak", "sample tokens/s"):
+    for label in ("train tokens/s", "train ms/iter", "MFU", "peak RSS", "matmul peak", "matmul peak by dtype",
+                  "sample tokens/s"):
         assert label in proc.stdout
     r = json.loads((tmp_path / "bench.json").read_text())
     assert r["tokens_per_s"] > 0 and r["ms_per_iter"] > 0 and len(r["ms_per_iter_windows"]) == 2
     assert 0 < r["mfu"] < 1 and r["matmul_peak_flops_per_s"] > 0
     assert r["sample_tokens_per_s_cached"] > 0 and r["sample_tokens_per_s_uncached"] > 0
     assert r["config"]["n_layer"] == 2 and r["peak_rss_mb"] > 0
+    assert sorted(r["matmul_peak_by_dtype"]) == ["bfloat16", "float16", "float32"]
+    assert all(f > 0 for f in r["matmul_peak_by_dtype"].values())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "corpus.txt", "data"]  # no run dir left
 
 
@@ -28,3 +31,11 @@ def test_bench_bad_flag(tmp_path):
     proc = run_script("bench.py", "--windows=many", cwd=tmp_path)
     assert proc.returncode == 2 and "windows must be an integer, got 'many'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_table_names_each_emulated_dtype():
+    from babygpt.bench import by_dtype_note
+
+    note = by_dtype_note({"float32": 69e9, "bfloat16": 0.8e9, "float16": 70e9})
+    assert note == " (bfloat16 86x slower than float32: emulated)"
+    assert by_dtype_note({"float32": 69e9, "bfloat16": 140e9, "float16": 60e9}) == ""

@@ -36,7 +36,7 @@ def test_stream_values_match_a_manual_forward(placement, norm, init):
     with torch.no_grad():
         model.eval()
         x = model.tok_emb(idx) * model.emb_scale + model.pos_emb(torch.arange(16))
-        expected = {"resid_rms": [], "token_independence": [], "attn_logit_max": []}
+        expected = {"resid_rms": [], "resid_max": [], "token_independence": [], "attn_logit_max": []}
         for block in model.blocks:
             attention_input = x if placement in ("post", "deepnorm") else block.ln1(x)
             q, k, _ = block.sa.heads(attention_input)  # (B, H, T, D)
@@ -44,6 +44,7 @@ def test_stream_values_match_a_manual_forward(placement, norm, init):
             expected["attn_logit_max"].append(scores[..., torch.ones(16, 16).tril().bool()].max().item())
             x = block(x)
             expected["resid_rms"].append(x.pow(2).mean().sqrt().item())
+            expected["resid_max"].append(x.abs().max().item())
             same = x.mean(dim=1, keepdim=True).expand_as(x)  # the part that is equal at every position
             expected["token_independence"].append((same.pow(2).sum() / x.pow(2).sum()).item())
         expected["output_logz"] = [torch.logsumexp(model.lm_head(model.ln_f(x)), dim=-1).mean().item()]

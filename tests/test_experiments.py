@@ -152,6 +152,7 @@ def test_plot_cli_and_divergence_marker(small_sweep, tmp_path):
      ["collapse_diagnostics.png", "results.csv", "report.md"]),
     ("exp7_lr_sensitivity", ["--data_dir={data}", "--jobs=2"], ["lr_sensitivity.png", "results.csv", "report.md"]),
     ("exp8_dyt_saturation", ["--data_dir={data}", "--jobs=2"], ["dyt_saturation.png", "results.csv", "report.md"]),
+    ("exp9_fp16_overflow", ["--data_dir={data}", "--jobs=2"], ["fp16_overflow.png", "results.csv", "report.md"]),
 ])
 def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
     args = [a.format(data=data_dir) for a in extra]
@@ -177,6 +178,10 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
     if script == "exp8_dyt_saturation":  # plain and paper DyT under both inits, saturation measured
         assert len(read_csv(tmp_path / "res" / "results.csv")) == 4
         assert "<!-- table: saturation -->" in report and report.count("| prenorm_dyt_paper |") >= 2
+    if script == "exp9_fp16_overflow":  # one LR; the tiny model's stream stays far below 255.9
+        rows = read_csv(tmp_path / "res" / "results.csv")
+        assert len(rows) == 1 and rows[0]["first_crossing"] == "" and rows[0]["checkpoint_iter"] == "10"
+        assert "<!-- table: crossing -->" in report and "<!-- table: half -->" in report
     if script == "exp6_postln_collapse":
         rows = read_csv(tmp_path / "res" / "results.csv")
         assert len(rows) == 5 and {r["cfg.diag_interval"] for r in rows} == {"5"}
@@ -409,3 +414,58 @@ def test_lr_sensitivity_experiment_reads_the_diagnostics(monkeypatch):
     plain = next(line for line in table.splitlines() if "| plain |" in line)
     assert f"| {lr_sensitivity({1e-3: 2.5, 1e-2: 2.2}, 4.2):.3f} |" in plain and "| 0.01 | 2.200 |" in plain
     assert "diverged" in next(line for line in table.splitlines() if "| z_loss |" in line)
+
+
+def test_a_naive_half_norm_loses_the_rows_whose_square_overflows(monkeypatch):
+    """exp9's naive RMSNorm equals the library's in float32; in float16 a row holding 300.0 has
+    mean(x^2) = inf there and comes out as zeros, while the library's norm (squaring in float32)
+    matches the float32 result."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp9_fp16_overflow as exp9
+    from babygpt.norms import RMSNorm
+
+    norm = RMSNorm(8)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 2.0, 8))
+    naive = exp9.NaiveHalfRMSNorm(norm)
+    x = torch.randn(3, 8) * 10
+    x[1, 2] = 300.0  # 300^2 = 90,000 > 65,504
+    torch.testing.assert_close(naive(x), norm(x))
+    h = x.half()
+    assert torch.isinf(h[1].pow(2).mean())
+    naive_out, ours = naive(h.clone()), norm.half()(h.clone())
+    assert torch.equal(naive_out[1], torch.zeros(8, dtype=torch.float16))  # the row is lost
+    torch.testing.assert_close(naive_out[[0, 2]].float(), norm.float()(x)[[0, 2]], atol=1e-2, rtol=1e-2)
+    assert torch.isfinite(ours).all()
+    torch.testing.assert_close(ours.float(), norm.float()(h.float()), atol=1e-2, rtol=1e-2)
+
+
+def test_fp16_overflow_finds_the_first_crossing_and_swaps_every_rmsnorm(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp9_fp16_overflow as exp9
+    from babygpt.model import GPT
+    from babygpt.norms import RMSNorm
+    from conftest import tiny_config
+
+    run = {"metrics": [{"iter": 5, "resid_max": [3.0, 200.0]}, {"iter": 7, "loss": 2.0},
+                       {"iter": 10, "resid_max": [100.0, 256.0]}, {"iter": 15, "resid_max": [300.0, None]}]}
+    assert exp9.first_crossing(run) == 10
+    assert exp9.first_crossing({"metrics": run["metrics"][:2]}) is None
+    model = exp9.with_naive_norms(GPT(tiny_config(norm_type="rmsnorm")))
+    kinds = [type(m) for m in model.modules()]
+    assert RMSNorm not in kinds and kinds.count(exp9.NaiveHalfRMSNorm) == 5  # ln1 and ln2 of 2 blocks, ln_f
+
+
+@pytest.mark.slow
+def test_fp16_overflow_stops_a_crossing_run_at_the_crossing_with_the_same_weights(monkeypatch, data_dir, tmp_path):
+    """With the threshold lowered so that the tiny model crosses it, the experiment's second sweep stops
+    the run at the crossing and its diagnostics there equal the long run's: same weights."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp9_fp16_overflow as exp9
+
+    monkeypatch.setattr(exp9, "FP16_SQUARE_LIMIT", 1.0)
+    monkeypatch.chdir(tmp_path)
+    assert exp9.main(["--quick", f"--data_dir={data_dir}", "--out=res"]) == 0
+    row = read_csv(tmp_path / "res" / "results.csv")[0]
+    assert row["first_crossing"] == row["checkpoint_iter"] != "10" and row["same_as_long_run"] == "True"
+    assert (tmp_path / "res" / "at_crossing" / "results.csv").exists()
