@@ -148,7 +148,11 @@ def read_args(argv: list[str]) -> tuple[TrainConfig, BenchOptions]:
 def run_bench(cfg: TrainConfig, opts: BenchOptions) -> dict:
     train, trainer = time_training(cfg, opts.windows, opts.window_iters)
     cfg, device, model = trainer.cfg, trainer.device, trainer.model  # cfg with dtype=auto resolved
-    peak = matmul_peak(device, cfg.dtype)
+    peaks = matmul_peaks_by_dtype(device)
+    # An emulated dtype has no hardware peak: its software matmul is not even the path the model's
+    # Linear layers take (their FLOP/s can exceed it), so it gets no MFU, and no slow 2048 x 2048 probe.
+    emulated = peaks["float32"] / peaks[cfg.dtype] >= EMULATED_SLOWDOWN
+    peak = peaks[cfg.dtype] if emulated else matmul_peak(device, cfg.dtype)
     fpt = flops_per_token(model)
     keys = ("n_layer", "n_head", "n_embd", "block_size", "norm_type", "norm_placement")
     result = {
@@ -159,8 +163,8 @@ def run_bench(cfg: TrainConfig, opts: BenchOptions) -> dict:
         **train,
         "model_flops_per_s": fpt * train["tokens_per_s"],
         "matmul_peak_flops_per_s": peak,
-        "matmul_peak_by_dtype": matmul_peaks_by_dtype(device),
-        "mfu": fpt * train["tokens_per_s"] / peak,
+        "matmul_peak_by_dtype": peaks,
+        "mfu": None if emulated else fpt * train["tokens_per_s"] / peak,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "cuda_max_allocated_mb": torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None,
         "sample_tokens": opts.sample_tokens,
@@ -191,7 +195,8 @@ def format_table(r: dict) -> str:
         ("matmul peak", f"{r['matmul_peak_flops_per_s'] / 1e9:.1f} GFLOP/s ({c['dtype']})"),
         ("matmul peak by dtype", ", ".join(f"{d} {f / 1e9:.1f}" for d, f in r["matmul_peak_by_dtype"].items())
                                  + f" GFLOP/s{by_dtype_note(r['matmul_peak_by_dtype'])}"),
-        ("MFU", f"{100 * r['mfu']:.1f}%"),
+        ("MFU", f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None
+         else f"— ({c['dtype']} is emulated on this machine: no hardware peak to measure against)"),
         ("peak RSS", f"{r['peak_rss_mb']:.0f} MB"),
     ]
     if r["cuda_max_allocated_mb"] is not None:

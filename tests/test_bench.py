@@ -39,3 +39,17 @@ def test_the_table_names_each_emulated_dtype():
     note = by_dtype_note({"float32": 69e9, "bfloat16": 0.8e9, "float16": 70e9})
     assert note == " (bfloat16 86x slower than float32: emulated)"
     assert by_dtype_note({"float32": 69e9, "bfloat16": 140e9, "float16": 60e9}) == ""
+
+
+def test_an_emulated_dtype_gets_no_mfu():
+    from babygpt.bench import format_table
+
+    r = {"config": {"n_layer": 2, "n_embd": 32, "n_head": 2, "block_size": 16, "batch_size": 8,
+                    "norm_placement": "pre", "norm_type": "rmsnorm", "dtype": "bfloat16", "compile": False},
+         "params": 30000, "device": "cpu", "threads": 2, "torch": "x", "tokens_per_s": 800.0, "ms_per_iter": 2400.0,
+         "ms_per_iter_windows": [2400.0], "model_flops_per_s": 4e9, "matmul_peak_flops_per_s": 1.3e9,
+         "matmul_peak_by_dtype": {"float32": 170e9, "bfloat16": 1.3e9, "float16": 1.4e9}, "mfu": None,
+         "peak_rss_mb": 400.0, "cuda_max_allocated_mb": None, "sample_tokens": 50,
+         "sample_tokens_per_s_cached": 10.0, "sample_tokens_per_s_uncached": 5.0, "kv_cache_speedup": 2.0}
+    mfu = next(line for line in format_table(r).splitlines() if line.startswith("MFU"))
+    assert "bfloat16 is emulated on this machine" in mfu and "%" not in mfu
