@@ -13,7 +13,7 @@ import signal
 import sys
 import traceback
 
-from .errors import BabyGPTError, Interrupted
+from .errors import BabyGPTError, Interrupted, ShardDone
 from .files import os_error_message
 from .options import ShowHelp
 
@@ -30,6 +30,9 @@ def run(main, argv: list[str]) -> int:
         return main(argv) or 0
     except ShowHelp as h:
         print(h.text)
+        return 0
+    except ShardDone as e:
+        print(e)
         return 0
     except BabyGPTError as e:
         if debug:

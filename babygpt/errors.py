@@ -27,6 +27,11 @@ class Interrupted(Exception):
         super().__init__(message)
 
 
+class ShardDone(Exception):
+    """A shard of a sweep (--shard K/N) has trained its part; the command exits 0 with ``message``
+    (how to merge the shards' results)."""
+
+
 class Checked:
     """A config dataclass that checks itself on construction: ``problems()`` lists every invalid
     value, and all of them are raised together in one BabyGPTError. The one validation path of

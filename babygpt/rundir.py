@@ -17,6 +17,7 @@ is refused, and the kernel drops the lock when the owner exits, even on SIGKILL.
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import json
 import os
@@ -69,8 +70,9 @@ class RunLock:
 
     NAME = ".lock"
 
-    def __init__(self, directory: str):
-        self.directory, self.path = directory, os.path.join(directory, self.NAME)
+    def __init__(self, directory: str, name: str = NAME):
+        # (a sweep also uses this for its claims on runs and its shards' records: babygpt.scaleout)
+        self.directory, self.path = directory, os.path.join(directory, name)
         self._fd: int | None = None
 
     def acquire(self) -> int | None:
@@ -85,9 +87,10 @@ class RunLock:
             raise user_error(e, self.directory) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # held through another open file
+        except OSError as e:
             os.close(fd)
-            return _flock_holder(self.path)
+            _raise_if_unsupported(e, self.directory)
+            return _flock_holder(self.path)  # held through another open file
         self._fd = fd
         return None
 
@@ -104,10 +107,20 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # granted only if nobody holds it exclusively
             return None
-        except OSError:
+        except OSError as e:
+            _raise_if_unsupported(e, self.directory)
             return _flock_holder(self.path)
         finally:
             os.close(fd)
+
+
+def _raise_if_unsupported(e: OSError, directory: str) -> None:
+    """A filesystem without flock (e.g. Lustre mounted without -o flock) must not read as 'held by
+    someone' forever: say so."""
+    if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        raise BabyGPTError(f"the filesystem of '{directory}' does not support file locks (flock: {e.strerror}); "
+                           f"put the output on a filesystem that does (local disk, NFSv4, Lustre mounted with "
+                           f"-o flock)") from None
 
 
 def _flock_holder(path: str) -> int:

@@ -1,107 +1,64 @@
-"""Run many trainings: a list of config overrides x seeds, each a separate train.py process.
+"""Run a sweep: many trainings, each a separate train.py process (the runs and their records:
+babygpt.sweepdir).
 
-Each run gets its own ``out_dir`` under ``<root>/runs/<name>`` and a log under
-``<root>/logs/<name>.log``. A run whose ``summary.json`` says it finished or diverged
-is not run again, and one that was killed resumes from its checkpoint, so a killed
-sweep picks up where it stopped when started again. ``results.csv`` collects one row per
-run, read from each run's ``summary.json`` and ``config.json``.
+A run found done is not run again, and one that was killed resumes from its checkpoint, so a
+killed sweep picks up where it stopped when started again. SIGINT or SIGTERM to the sweep is passed
+on to the runs in progress, which checkpoint and stop; no new run starts, and the sweep exits 130 or
+143. Run it again to resume.
 
-Before any run starts, every run's settings are checked (as train.py would check them) along
-with what is already on disk: damaged records, runs made with other settings, and run
-directories still held by a live train.py (e.g. one orphaned by a sweep that was killed).
-SIGINT or SIGTERM to the sweep is passed on to the runs in progress, which checkpoint and stop;
-no new run starts, and the sweep exits 130 or 143. Run it again to resume.
+Beyond one process (babygpt.scaleout): ``shard=K/N`` trains only its slice of the runs, then retries
+runs of shards that stopped without finishing them, and (``wait``) waits for the rest; ``collect``
+trains nothing and writes the table from what the shards left; with CUDA, each job is pinned to
+its own GPU. Every process claims a run before training it, so no two ever train the same run.
 """
 
 from __future__ import annotations
 
-import csv
-import hashlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Optional
 
 from tqdm import tqdm
 
-from .config import FIELDS, TrainConfig, load_config, to_dict, with_resolved_dtype
 from .errors import BabyGPTError, Interrupted
 from .options import option, parse_into
-from .rundir import RunDir, RunLock, read_json, read_record
+from .rundir import RunLock
+from .scaleout import DeviceSlots, ScaleOutOptions, Shard, claim, hold_shard, pinned_gpus, recorded_split, \
+    shard_state, visible_gpus
 from .signals import signal_name
-from .state import COMPLETED
+from .sweepdir import COLUMNS, DONE, MAX_NAME, Run, SweepDir, grid
+
+# The sweep's API, in one place for scripts (the run list and its records are babygpt.sweepdir's).
+__all__ = ["COLUMNS", "DONE", "MAX_NAME", "Run", "SKIPPED", "Sweep", "SweepOptions", "grid", "ignored_set_problems",
+           "main", "parse_value", "shard_done_message"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_PY = os.path.join(ROOT, "train.py")
-DONE = (*COMPLETED, "diverged")
-MAX_NAME = 200  # bytes of a run's directory name; longer names are cut and given a hash
-COLUMNS = ["name", "seed", "status", "exit_code", "diverged_at", "first_nonfinite_at", "iter",
-           "final_train_loss", "final_val_loss", "best_val_loss", "val_loss_full", "val_time_full_s", "wall_time_s",
-           "num_params", "out_dir"]
+SKIPPED = "skipped"  # _execute's answer for a run another process claimed or finished first
 
 
-def _fmt(value) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
+class Sweep(SweepDir):
+    """Runs a sweep's runs: ``jobs`` train.py at a time, only ``shard``'s slice (then what stopped
+    shards left), each on its own GPU where there are GPUs; or (``collect``) none."""
 
+    POLL_S = 2.0  # how often a process waiting for other processes' runs looks again
 
-@dataclass
-class Run:
-    overrides: dict  # config key -> value
-    seed: int
-    config: str | None = None  # an optional config file, applied before the overrides
-    label: str = ""  # what the run is called in tables; defaults to the overrides
-    name: str = field(init=False)
-
-    def __post_init__(self):
-        unknown = [k for k in self.overrides if k not in FIELDS]
-        if unknown:
-            raise BabyGPTError(f"unknown config key(s) in sweep: {', '.join(unknown)}")
-        parts = [f"{k}={_fmt(v)}" for k, v in self.overrides.items()]
-        if self.config:
-            parts.insert(0, os.path.splitext(os.path.basename(self.config))[0])
-        self.label = self.label or ",".join(parts) or "default"
-        name = "__".join([*parts, f"seed={self.seed}"]).replace("/", "_")
-        raw = os.fsencode(name)  # the bytes the filesystem sees (surrogate-escaped names included)
-        if len(raw) > MAX_NAME:  # a directory name must fit the filesystem (255 bytes)
-            digest = hashlib.sha1(raw).hexdigest()[:12]
-            name = os.fsdecode(raw[:MAX_NAME - 32]) + f"__{digest}__seed={self.seed}"
-        self.name = name
-
-
-def grid(axes: dict[str, list]) -> list[dict]:
-    """The cartesian product of ``{key: [values]}`` as a list of override dicts."""
-    combos: list[dict] = [{}]
-    for key, values in axes.items():
-        combos = [{**c, key: v} for c in combos for v in values]
-    return combos
-
-
-class Sweep:
-    def __init__(self, root: str, runs: list[Run], base_args: list[str] = (), jobs: int = 1):
-        names = [r.name for r in runs]
-        if len(set(names)) != len(names):
-            raise BabyGPTError("the sweep lists the same run twice")
-        self.root, self.runs, self.base_args, self.jobs = root, runs, list(base_args), jobs
+    def __init__(self, root: str, runs: list[Run], base_args: list[str] = (), jobs: int = 1,
+                 shard: Shard | None = None, gpus: list[int] | None = None, collect: bool = False):
+        super().__init__(root, runs, base_args)
+        self.jobs = jobs
+        self.shard, self.gpus, self.collect = shard, gpus, collect
         self._stop: int | None = None  # the signal the sweep was asked to stop by
+        self._wake = threading.Event()  # set by that signal, to end a wait at once
         self._children: dict[int, subprocess.Popen] = {}  # pid -> running train.py
         self._signalled: dict[int, object] = {}  # pids already sent the stop signal (once each)
-
-    def out_dir(self, run: Run) -> str:
-        return os.path.join(self.root, "runs", run.name)
-
-    def status(self, run: Run) -> str | None:
-        summary = read_json(os.path.join(self.out_dir(run), "summary.json"))
-        return summary.get("status") if summary else None
-
-    def _config_args(self, run: Run) -> list[str]:
-        """[CONFIG.py] --key=value ... : the run's settings, without where it runs."""
-        args = [run.config] if run.config else []
-        return args + self.base_args + [f"--{k}={_fmt(v)}" for k, v in run.overrides.items()] + \
-            [f"--seed={run.seed}"]
+        self.exit_codes: dict[str, int] = {}
 
     def _command(self, run: Run) -> list[str]:
         out = self.out_dir(run)
@@ -109,75 +66,33 @@ class Sweep:
         return [sys.executable, TRAIN_PY, *self._config_args(run), f"--out_dir={out}",
                 f"--init_from={'resume' if resume else 'scratch'}"]
 
-    # ------------------------------------------------------------- checks before any run starts
-
-    def check(self, on_disk: bool = True) -> None:
-        """Every problem that would make a run fail or mix wrong results into the table, found
-        before anything runs: bad keys or values (as train.py would report them, once each), and
-        (``on_disk``) damaged or foreign records, and run directories a live process holds."""
-        problems = self._base_arg_problems()
-        if problems:  # (a malformed --set, e.g. --set help, must not reach train.py's parser)
-            raise BabyGPTError(*problems)
-        for run in self.runs:
-            try:
-                wanted = load_config(self._config_args(run))
-                if on_disk:
-                    self._check_on_disk(run, wanted)
-            except BabyGPTError as e:
-                problems += [p for p in e.problems if p not in problems]
-        if problems:
-            raise BabyGPTError(*problems)
-
-    def _base_arg_problems(self) -> list[str]:
-        """Base arguments that are not --KEY=VALUE (e.g. a --set help)."""
-        return [f"malformed --set '{arg[2:]}'; write --set key=value" for arg in self.base_args
-                if not (arg.startswith("--") and arg[2:].partition("=")[0] and "=" in arg)]
-
-    def _check_on_disk(self, run: Run, wanted) -> None:
-        out = self.out_dir(run)
-        if not os.path.isdir(out):
-            return
-        holder = RunLock(out).holder()
-        if holder is not None:
-            raise BabyGPTError(f"{out} is being trained by process {holder or '(unknown)'}, not by this sweep "
-                               f"(left running by a sweep that was killed?); wait for it or stop it, then "
-                               f"run the sweep again")
-        rundir = RunDir(out)
-        read_record(rundir.summary, ("status",))
-        info = read_record(rundir.config, ("config",))
-        if os.path.exists(rundir.ckpt):
-            rundir.check("resume")  # a resumable run: its metrics must be readable too
-        if info is not None:
-            self._check_same_settings(run, info, to_dict(with_resolved_dtype(wanted)))
-
-    def _check_same_settings(self, run: Run, info: dict, wanted: dict) -> None:
-        """A run already on disk must have been made with the settings asked for now; otherwise
-        its results would be silently mixed into a table that claims other settings."""
-        latest = (info.get("resumes") or [info])[-1]  # the settings of its latest start
-        had = latest.get("config") if isinstance(latest, dict) else None
-        if not isinstance(had, dict):
-            raise BabyGPTError(f"{self.out_dir(run)}/config.json is damaged (no settings in its last resume "
-                               f"record); move that run directory aside to run it again")
-        # A key missing there is a field added since that run was made; it ran as that field's default
-        # (a new field defaults to the behaviour from before it existed: init, adam_eps, z_loss, ...).
-        defaults = to_dict(TrainConfig())
-        diffs = [k for k in wanted if k not in ("out_dir", "init_from") and had.get(k, defaults.get(k)) != wanted[k]]
-        if diffs:
-            shown = ", ".join(f"{k}={had.get(k)!r} there, {wanted[k]!r} now" for k in diffs[:4])
-            raise BabyGPTError(f"{self.out_dir(run)} was run with other settings ({shown}); "
-                               f"use another --out, or delete that directory to run it again")
-
-    # ------------------------------------------------------------- running
-
-    def _execute(self, run: Run) -> int | None:
-        """Run one train.py to its end; None if the sweep was stopped before it started."""
+    def _execute(self, run: Run, slots: DeviceSlots) -> int | str | None:
+        """Claim the run and train it to its end: train.py's exit code; SKIPPED if another process
+        claimed or finished it first; None if the sweep was stopped before it started."""
         if self._stop:
             return None
+        lock = claim(self.root, run.name)
+        if lock.acquire() is not None:
+            return SKIPPED
+        try:
+            if self.status(run) in DONE:  # finished by another process since this one looked
+                return SKIPPED
+            with slots.take() as gpu:
+                return self._spawn(run, gpu)
+        finally:
+            lock.release()
+
+    def _spawn(self, run: Run, gpu: str | None) -> int | None:
         os.makedirs(os.path.join(self.root, "logs"), exist_ok=True)
         env = dict(os.environ)
         if self.jobs > 1:  # share the cores instead of oversubscribing them
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.jobs)))
+        if gpu is not None:  # the child sees only its own GPU, as cuda:0
+            env["CUDA_VISIBLE_DEVICES"] = gpu
         with open(os.path.join(self.root, "logs", run.name + ".log"), "a", encoding="utf-8") as log:
+            if gpu is not None:
+                log.write(f"[sweep] CUDA_VISIBLE_DEVICES={gpu}\n")
+                log.flush()
             # Its own session: a Ctrl-C in the terminal reaches the sweep only, which passes it on
             # once (a second signal would make train.py die at once, without its checkpoint).
             child = subprocess.Popen(self._command(run), stdout=log, stderr=subprocess.STDOUT,
@@ -199,58 +114,127 @@ class Sweep:
 
     def _on_signal(self, signum, frame) -> None:
         self._stop = self._stop or signum
+        self._wake.set()
         for child in list(self._children.values()):
             self._pass_on(child, self._stop)
 
-    def run(self, progress: bool = True) -> list[dict]:
-        """Check everything, run what is not done yet, then write and return the results rows.
-        Raises Interrupted (after the runs in progress have checkpointed) on SIGINT/SIGTERM."""
-        self.check()
-        todo = [r for r in self.runs if self.status(r) not in DONE]
-        codes: dict[str, int] = {}
+    @contextmanager
+    def _signals_passed_on(self):
         handling = threading.current_thread() is threading.main_thread()
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)} if handling else {}
         try:
-            with tqdm(total=len(self.runs), initial=len(self.runs) - len(todo), desc="runs", unit="run",
-                      disable=not progress, dynamic_ncols=True) as bar:
-                with ThreadPoolExecutor(max_workers=self.jobs) as pool:
-                    for run, code in zip(todo, pool.map(self._execute, todo)):
-                        if code is not None:
-                            codes[run.name] = code
-                            bar.update(1)
-                            bar.set_postfix_str(f"{run.name}: {self.status(run) or f'exit {code}'}")
+            yield
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+    def run(self, progress: bool = True, wait: bool = True) -> list[dict] | None:
+        """Check everything, run what is not done yet, then write and return the results rows.
+        A shard trains its own slice and the runs that stopped shards left; with ``wait`` it then
+        waits for every other run, else it returns None. Raises Interrupted (after the runs in
+        progress have checkpointed) on SIGINT/SIGTERM."""
+        self.check()
+        if self.collect:
+            return self._collected()
+        if self.shard is not None:
+            hold_shard(self.root, self.shard)
+        slots = DeviceSlots(pinned_gpus(self.gpus, visible_gpus()), self.jobs)
+        codes = self.exit_codes = {}  # train.py's exit code, by run, of the runs trained here
+        with self._signals_passed_on(), tqdm(total=len(self.runs), desc="runs", unit="run", disable=not progress,
+                                              dynamic_ncols=True) as bar:
+            batch = self.mine()
+            while not self._stop:
+                self._train(batch, slots, codes, bar)
+                batch = self._wait_for_others(codes, bar, wait or self.shard is None)
+                if not batch:
+                    break
         if self._stop:
             stopped = sum(1 for code in codes.values() if code == 128 + self._stop)
             raise Interrupted(self._stop, f"sweep stopped by {signal_name(self._stop)}: {stopped} run(s) in "
                                           f"progress saved a checkpoint; run the same command again to resume")
+        if self.shard is not None and not wait:
+            return None
         rows = [self.result(r, codes.get(r.name)) for r in self.runs]
         self.write_csv(rows)
         return rows
 
-    def result(self, run: Run, exit_code: int | None) -> dict:
-        out = self.out_dir(run)
-        summary = read_json(os.path.join(out, "summary.json")) or {}
-        info = read_json(os.path.join(out, "config.json")) or {}
-        row = {"name": run.name, "label": run.label, "seed": run.seed, "exit_code": exit_code,
-               "status": summary.get("status", "failed"), "num_params": info.get("num_params"),
-               "out_dir": out}
-        for key in COLUMNS:
-            row.setdefault(key, summary.get(key))
-        row.update({f"cfg.{k}": v for k, v in run.overrides.items()})
-        return row
+    def mine(self) -> list[Run]:
+        """The runs this process trains first: its shard's slice, or all of them."""
+        return [r for i, r in enumerate(self.runs) if self.shard is None or self.shard.owns(i)]
 
-    def write_csv(self, rows: list[dict]) -> str:
-        path = os.path.join(self.root, "results.csv")
-        os.makedirs(self.root, exist_ok=True)
-        keys = ["label", *COLUMNS] + sorted({k for r in rows for k in r if k.startswith("cfg.")})
-        with open(path, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(rows)
-        return path
+    def _train(self, runs: list[Run], slots: DeviceSlots, codes: dict, bar) -> None:
+        bar.n = sum(self.status(r) in DONE for r in self.runs)
+        bar.refresh()
+        todo = [r for r in runs if self.status(r) not in DONE]
+        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+            for run, code in zip(todo, pool.map(lambda r: self._execute(r, slots), todo)):
+                if code is not None and code != SKIPPED:
+                    codes[run.name] = code
+                    bar.update(1)
+                    bar.set_postfix_str(f"{run.name}: {self.status(run) or f'exit {code}'}")
+
+    def _wait_for_others(self, codes: dict, bar, wait: bool) -> list[Run]:
+        """The runs left for this process to take (runs nobody is on whose shard stopped), waiting
+        while others train the rest if ``wait``; [] when nothing is left to do or wait for."""
+        said = None
+        while not self._stop:
+            pending = [r for r in self.runs if r.name not in codes and self.status(r) not in DONE]
+            free = [r for r in pending if self._abandoned(r)]
+            if free or not pending or not wait:
+                return free
+            if len(pending) != said:
+                said = len(pending)
+                bar.write(f"{self._who()}: waiting for {said} run(s) that other processes are training or "
+                          f"will train ({self._shard_states()})", file=sys.stderr)
+            bar.n = len(self.runs) - len(pending)
+            bar.refresh()
+            self._wake.wait(self.POLL_S)
+        return []
+
+    def _abandoned(self, run: Run) -> bool:
+        """Nobody trains ``run`` now, and no shard that is still running or yet to start owns it."""
+        # the claim first: a claimed run's train.py may be taking its run lock, which a probe would refuse
+        if claim(self.root, run.name).holder() is not None or RunLock(self.out_dir(run)).holder() is not None:
+            return False
+        if self.shard is None:
+            return True
+        owner = Shard(self.runs.index(run) % self.shard.count, self.shard.count)
+        return owner == self.shard or shard_state(self.root, owner) == "stopped"
+
+    def _who(self) -> str:
+        return f"shard {self.shard}" if self.shard is not None else "sweep"
+
+    def _shard_states(self) -> str:
+        count = self.shard.count if self.shard is not None else recorded_split(self.root)
+        if count is None:
+            return "no shards"
+        states = {k: shard_state(self.root, Shard(k, count)) for k in range(count)}
+        return ", ".join(f"shard {k}/{count} {state}" for k, state in states.items())
+
+    def _collected(self) -> list[dict]:
+        """The results of runs other processes trained (--collect): all must have finished."""
+        missing = [r for r in self.runs if self.status(r) not in DONE]
+        if missing:
+            count = recorded_split(self.root)
+            owner = f" (shard {self.runs.index(missing[0]) % count}/{count})" if count else ""
+            raise BabyGPTError(f"{len(missing)} of {len(self.runs)} runs in {self.root} have not finished "
+                               f"(first: {missing[0].name}{owner}; {self._shard_states()}); run the shards that "
+                               f"own them again, or this command without --collect to train them here")
+        rows = [self.result(r, None) for r in self.runs]
+        self.write_csv(rows)
+        return rows
+
+
+def shard_done_message(sweep: Sweep) -> str:
+    """What a shard says when its part is done: how far the sweep is, and how to merge. Raises if a
+    run it trained failed (so that a job array marks the task failed)."""
+    failed = [name for name in sweep.exit_codes if sweep.status(next(r for r in sweep.runs if r.name == name)) not in DONE]
+    if failed:
+        raise BabyGPTError(f"shard {sweep.shard}: {len(failed)} run(s) failed (e.g. {failed[0]}); see "
+                           f"{os.path.join(sweep.root, 'logs', failed[0] + '.log')}")
+    done = sum(sweep.status(r) in DONE for r in sweep.runs)
+    return (f"shard {sweep.shard}: done; {done} of {len(sweep.runs)} runs of the sweep have finished. Once every "
+            f"shard has, write the tables: the same command with --collect in place of --shard {sweep.shard}")
 
 
 def ignored_set_problems(sets: list[str], runs: list[Run]) -> list[str]:
@@ -287,7 +271,7 @@ def parse_value(text: str):
 
 
 @dataclass
-class SweepOptions:
+class SweepOptions(ScaleOutOptions):
     """experiments/sweep.py's command line."""
 
     config: Optional[str] = option(None, "config file applied to every run", positional=True, metavar="CONFIG.py")
@@ -317,7 +301,7 @@ class SweepOptions:
             problems.append(f"--jobs must be at least 1, got {self.jobs}")
         if self.config and not os.path.exists(self.config):
             problems.append(f"config file '{self.config}' not found; check the path")
-        return problems
+        return problems + self.scale_out_problems()
 
 
 SWEEP_USAGE = "python experiments/sweep.py [CONFIG.py] --grid KEY=V1,V2 [--grid ...] [--seeds 0,1,2] [--out DIR]"
@@ -334,7 +318,11 @@ def main(argv: list[str]) -> int:
     ignored = ignored_set_problems(args.set, runs)
     if ignored:
         raise BabyGPTError(*ignored)
-    rows = Sweep(args.out, runs, base, args.jobs).run()
+    sweep = Sweep(args.out, runs, base, args.jobs, args.shard_spec(), args.gpu_list(), args.collect)
+    rows = sweep.run(wait=False)
+    if rows is None:  # a shard: the table is written once every shard has finished
+        print(shard_done_message(sweep))
+        return 0
     failed = [r for r in rows if r["status"] not in DONE]
     for r in rows:
         print(f"{r['name']}: {r['status']}, final val {r['final_val_loss']}, best val {r['best_val_loss']}")

@@ -15,13 +15,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from babygpt.cli import run  # noqa: E402
-from babygpt.errors import BabyGPTError, Interrupted, unknown_choice  # noqa: E402
+from babygpt.errors import BabyGPTError, Interrupted, ShardDone, unknown_choice  # noqa: E402
 from babygpt.model import PLACEMENTS  # noqa: E402
 from babygpt.options import option, parse_into  # noqa: E402
 from babygpt.data import load_dataset  # noqa: E402
 from babygpt.files import write_atomic  # noqa: E402
 from babygpt.rundir import read_json, write_json  # noqa: E402
-from babygpt.sweep import ignored_set_problems  # noqa: E402
+from babygpt.scaleout import ScaleOutOptions  # noqa: E402
+from babygpt.sweep import Sweep, ignored_set_problems, shard_done_message  # noqa: E402
 
 # Training budgets (model shape, context, batch, iterations) of the experiments, one per tier
 # (GUIDE §6): quick only checks that everything runs (<= 60 s); the default is sized so that each
@@ -57,8 +58,9 @@ class DataOptions(Options):
 
 
 @dataclass
-class TrainingOptions(DataOptions):
-    """The options of the experiments that train models through a sweep."""
+class TrainingOptions(ScaleOutOptions, DataOptions):
+    """The options of the experiments that train models through a sweep (and can be sharded over
+    machines, or collected, like any sweep: babygpt.scaleout)."""
 
     full: bool = option(False, "the long tier: train.py's own budget (2,400 iterations) for the configurations "
                                "that matter (writes to results/full/)")
@@ -67,7 +69,8 @@ class TrainingOptions(DataOptions):
                             metavar="KEY=VALUE")
 
     def problems(self) -> list[str]:
-        return ["--quick and --full are two tiers; pass one of them"] if self.quick and self.full else []
+        tiers = ["--quick and --full are two tiers; pass one of them"] if self.quick and self.full else []
+        return tiers + self.scale_out_problems()
 
 
 def parse(cls, argv: list[str], name: str, doc: str):
@@ -87,7 +90,7 @@ def placement_problems(text: str) -> list[str]:
 
 
 # Options that change where or how fast results are made, not what they are.
-NOT_SETTINGS = ("out", "overwrite", "jobs")
+NOT_SETTINGS = ("out", "overwrite", "jobs", "shard", "collect", "gpus")
 SETTINGS_FILE = "settings.json"
 
 
@@ -116,7 +119,11 @@ def claim(path: str, args, name: str, sweep=None) -> str:
     nothing (its runs on disk too, unless they are about to be replaced)."""
     wanted = settings(args, name)
     had = read_json(os.path.join(path, SETTINGS_FILE))
-    taken = os.path.isdir(path) and bool(os.listdir(path))
+    # (another shard may be writing settings.json right now: its temporary file does not count)
+    taken = os.path.isdir(path) and any(not n.startswith(".tmp-") for n in os.listdir(path))
+    if getattr(args, "collect", False) and had is None:
+        raise BabyGPTError(f"nothing to collect in '{path}' (no {SETTINGS_FILE}); run the shards first "
+                           f"(--shard K/N), or give the --out they wrote to")
     if os.path.exists(path) and not os.path.isdir(path):
         raise BabyGPTError(f"--out '{path}' is a file, not a directory; choose another --out")
     replace = taken and had != wanted
@@ -155,17 +162,33 @@ def budget_args(args, extra: dict | None = None, runs=()) -> list[str]:
         [f"--{s}" for s in args.set]
 
 
-def finished_rows(sweep) -> dict:
+def sweep(out: str, runs: list, base_args: list[str], args) -> Sweep:
+    """The experiment's sweep, spread as the command line asks (--jobs, --shard, --gpus, --collect)."""
+    return Sweep(out, runs, base_args, args.jobs, args.shard_spec(), args.gpu_list(), args.collect)
+
+
+def finished_rows(sweep, last: bool = True) -> dict:
     """Run the sweep; its rows by run name. Runs that crashed or were refused (not finished, not
-    diverged) stop the experiment with a pointer to their logs."""
+    diverged) stop the experiment with a pointer to their logs. A shard waits for the other shards'
+    runs unless this is the experiment's ``last`` sweep, after which it stops (ShardDone): the
+    report is written by --collect once every shard has finished."""
     from babygpt.sweep import DONE
 
-    rows = sweep.run()
+    rows = sweep.run(wait=not last)
+    if rows is None:
+        raise ShardDone(shard_done_message(sweep))
     failed = [r["name"] for r in rows if r["status"] not in DONE]
     if failed:
         raise BabyGPTError(f"{len(failed)} of {len(rows)} runs failed (first: {failed[0]}); "
                            f"see {os.path.join(sweep.root, 'logs', failed[0] + '.log')}")
     return {r["name"]: r for r in rows}
+
+
+def no_more_runs(sweep) -> dict:
+    """The rows of an experiment's last sweep when it has no runs: a shard stops here all the same."""
+    if sweep.shard is not None:
+        raise ShardDone(shard_done_message(sweep))
+    return {}
 
 
 def training_time(rows) -> str:

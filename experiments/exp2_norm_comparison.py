@@ -109,7 +109,7 @@ class Plan:
     baseline: str
     lrs: list
     seeds: list
-    jobs: int = 1
+    args: object = None  # the command line, for how the sweeps are spread (jobs, shards, GPUs)
     base_args: list = field(default_factory=list)
 
     def grid(self) -> dict:
@@ -123,7 +123,7 @@ class Plan:
                 for name, path in self.configs.items()}
 
     def sweep(self, runs: list) -> Sweep:
-        return Sweep(self.out, runs, self.base_args, self.jobs)
+        return _common.sweep(self.out, runs, self.base_args, self.args)
 
 
 def main(argv):
@@ -133,7 +133,7 @@ def main(argv):
     configs = {config_name(c): c for c in args.config_files()}
     plan = Plan(tier, _common.output_path(args, NAME), configs, args.baseline or next(iter(configs)),
                 sorted(floats(args.lrs or GRID[tier])) if tier != "full" else [],
-                list(range(1, (args.seeds or SEEDS[tier]) + 1)), args.jobs)
+                list(range(1, (args.seeds or SEEDS[tier]) + 1)), args)
     tuned_from = args.tuned_from or os.path.join("results", NAME)
     grid, tuned, seed_runs, rows = train(args, plan, tuned_from)
     write_results(args, plan, grid, tuned, seed_runs, rows, tuned_from, started)
@@ -150,7 +150,7 @@ def train(args, plan: Plan, tuned_from: str):
     plan.base_args = _common.budget_args(args, EXP2_BUDGET if plan.tier == "default" else {}, known)
     _common.claim(plan.out, args, NAME, plan.sweep(known))
     if grid_runs:  # 1. tune on seed 0
-        rows = _common.finished_rows(plan.sweep(grid_runs))
+        rows = _common.finished_rows(plan.sweep(grid_runs), last=False)
         tuned = {name: best_lr({lr: rows[r.name] for lr, r in by_lr.items()}) for name, by_lr in grid.items()}
     seed_runs = plan.seed_runs(tuned)
     # 2. seeds at the tuned LRs (the tuning runs are done, so the sweep skips them)

@@ -35,7 +35,7 @@ from babygpt.compare import run_loss
 from babygpt.model import INITS
 from babygpt.options import option
 from babygpt.plot import new_figure, save
-from babygpt.sweep import Run, Sweep
+from babygpt.sweep import Run
 
 GRIDS = {
     "quick": {"lrs": "1e-2", "depths": "2", "warmups": "0,5", "inits": "xavier", "seeds": 1},
@@ -194,7 +194,7 @@ def main(argv):
     grid = Grid.of(args)
     runs = cell_runs(grid, args.norm_type)
     every_run = [r for seeds in runs.values() for r in seeds]
-    sweep = Sweep(out, every_run, _common.budget_args(args, BUDGETS[_common.tier(args)], runs=every_run), args.jobs)
+    sweep = _common.sweep(out, every_run, _common.budget_args(args, BUDGETS[_common.tier(args)], runs=every_run), args)
     _common.claim(out, args, "exp3_prenorm_vs_postnorm", sweep)
     rows = _common.finished_rows(sweep)
     plot_map(grid, runs, rows, os.path.join(out, "stability_map.png"))

@@ -31,7 +31,7 @@ from babygpt.compare import run_loss
 from babygpt.checkpoint import load_checkpoint
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, save
-from babygpt.sweep import Run, Sweep
+from babygpt.sweep import Run
 from exp2_norm_comparison import EXP2_BUDGET
 
 LR = 3e-3
@@ -140,7 +140,7 @@ def main(argv):
     every_run = [r for seeds in runs.values() for r in seeds]
     budget = EXP2_BUDGET if _common.tier(args) == "default" else {}
     base_args = _common.budget_args(args, budget, runs=every_run)
-    sweep = Sweep(out, every_run, base_args, args.jobs)
+    sweep = _common.sweep(out, every_run, base_args, args)
     _common.claim(out, args, "exp6_postln_collapse", sweep)
     rows = _common.finished_rows(sweep)
 

@@ -31,7 +31,7 @@ from babygpt.compare import outcome_counts, run_loss
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, reference_lines, save
 from babygpt.stats import lr_sensitivity
-from babygpt.sweep import Run, Sweep
+from babygpt.sweep import Run
 from exp2_norm_comparison import floats, initial_loss, lr_overrides
 
 NAME = "exp7_lr_sensitivity"
@@ -185,7 +185,7 @@ def main(argv):
     diag_interval = args.diag_interval or (5 if tier == "quick" else 25)
     cells = cell_runs(lrs, widths, seeds, diag_interval)
     every_run = [r for runs in cells.values() for r in runs]
-    sweep = Sweep(out, every_run, _common.budget_args(args, BUDGET[tier], runs=every_run), args.jobs)
+    sweep = _common.sweep(out, every_run, _common.budget_args(args, BUDGET[tier], runs=every_run), args)
     _common.claim(out, args, NAME, sweep)
     rows = _common.finished_rows(sweep)
     loaded = {r.name: load_run(sweep.out_dir(r)) for r in every_run}

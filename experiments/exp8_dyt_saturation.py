@@ -26,7 +26,7 @@ from babygpt.checkpoint import load_checkpoint
 from babygpt.compare import run_loss
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, save
-from babygpt.sweep import Run, Sweep
+from babygpt.sweep import Run
 from exp2_norm_comparison import EXP2_BUDGET, config_path, lr_overrides, read_tuned
 
 NAME = "exp8_dyt_saturation"
@@ -113,7 +113,7 @@ def main(argv):
     diag_interval = args.diag_interval or (5 if tier == "quick" else 25)
     runs = arm_runs(tier, args.seed, diag_interval)
     budget = EXP2_BUDGET if tier == "default" else {}
-    sweep = Sweep(out, list(runs.values()), _common.budget_args(args, budget, runs=list(runs.values())), args.jobs)
+    sweep = _common.sweep(out, list(runs.values()), _common.budget_args(args, budget, runs=list(runs.values())), args)
     _common.claim(out, args, NAME, sweep)
     rows = _common.finished_rows(sweep)
     loaded = {key: load_run(sweep.out_dir(run)) for key, run in runs.items()}

@@ -36,7 +36,7 @@ from babygpt.norms import RMSNorm
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, save
 from babygpt.sampling import load_model
-from babygpt.sweep import Run, Sweep
+from babygpt.sweep import Run
 from exp2_norm_comparison import EXP2_BUDGET, config_path, floats, lr_overrides
 
 NAME = "exp9_fp16_overflow"
@@ -177,17 +177,17 @@ def main(argv):
     # The schedule is pinned to the long run's length, so a run stopped early follows the same LRs.
     common = {"diag_interval": diag_interval, "lr_decay_iters": max_iters}
     runs = {lr: Run({**lr_overrides(lr), **common}, args.seed, config_path(CONFIG)) for lr in lrs}
-    sweep = Sweep(out, list(runs.values()), _common.budget_args(args, budget, runs=list(runs.values())), args.jobs)
+    sweep = _common.sweep(out, list(runs.values()), _common.budget_args(args, budget, runs=list(runs.values())), args)
     _common.claim(out, args, NAME, sweep)
-    rows = _common.finished_rows(sweep)
+    rows = _common.finished_rows(sweep, last=False)
     loaded = {lr: load_run(sweep.out_dir(run)) for lr, run in runs.items()}
     crossings = {lr: first_crossing(run) for lr, run in loaded.items()}
     # The same runs, stopped at the crossing: their ckpt.pt holds the weights of that iteration.
     stops = {lr: Run({**lr_overrides(lr), **common, "max_iters": c}, args.seed, config_path(CONFIG))
              for lr, c in crossings.items() if c is not None}
-    stopped_sweep = Sweep(os.path.join(out, "at_crossing"), list(stops.values()),
-                          _common.budget_args(args, budget, runs=list(stops.values())), args.jobs)
-    stopped_rows = _common.finished_rows(stopped_sweep) if stops else {}
+    stopped_sweep = _common.sweep(os.path.join(out, "at_crossing"), list(stops.values()),
+                                  _common.budget_args(args, budget, runs=list(stops.values())), args)
+    stopped_rows = _common.finished_rows(stopped_sweep) if stops else _common.no_more_runs(sweep)
     block_size = int(loaded[lrs[0]]["info"]["config"]["block_size"])
     x, y = val_windows(args.data_dir, block_size, EVAL_WINDOWS["quick" if tier == "quick" else "default"])
     results = []

@@ -297,6 +297,21 @@ def report_rows(report: str, key: str) -> list[list[str]]:
     return rows
 
 
+def assert_collect_rewrites_the_same_tables(tmp_path, report, *args):
+    """--collect on a finished experiment trains nothing and writes the same tables (but for the
+    time columns); sharded runs are collected the same way (test_scaleout)."""
+    res = tmp_path / "res"
+    kept = {p: p.stat().st_mtime_ns for p in (res / "runs").rglob("*") if p.is_file()}
+    collect = run_script("experiments/exp2_norm_comparison.py", "--quick", "--out=res", *args, "--collect", cwd=tmp_path)
+    assert collect.returncode == 0, collect.stderr[-2000:]
+    assert {p: p.stat().st_mtime_ns for p in (res / "runs").rglob("*") if p.is_file()} == kept  # nothing trained
+    again = (res / "report.md").read_text()
+    for key in ("tuned", "lr_grid", "references"):
+        one, collected = report_rows(report, key), report_rows(again, key)
+        keep = [i for i, name in enumerate(one[0]) if "time" not in name]
+        assert [[row[i] for i in keep] for row in collected] == [[row[i] for i in keep] for row in one], key
+
+
 @pytest.mark.slow
 def test_exp2_tunes_on_seed_0_then_seeds_each_configuration_at_its_own_lr(data_dir, tmp_path):
     """Quick tier: the LR grid on seed 0, each configuration's best LR, seeds 1-2 there, paired with
@@ -325,6 +340,7 @@ def test_exp2_tunes_on_seed_0_then_seeds_each_configuration_at_its_own_lr(data_d
     assert table["prenorm_rms"][6] == "(baseline)" and float(table["postnorm_ln"][2]) == tuned["postnorm_ln"]
     assert table["postnorm_ln"][7] == "no difference measured (2 pairs)"  # a verdict needs >= 3 seeds
     assert len(report_rows(report, "lr_grid")) == 3 and len(report_rows(report, "references")) == 2
+    assert_collect_rewrites_the_same_tables(tmp_path, report, f"--data_dir={data_dir}", configs)
 
     full = run_script("experiments/exp2_norm_comparison.py", "--full", "--out=full", "--tuned_from=res",
                       f"--data_dir={data_dir}", "--jobs=2", configs,

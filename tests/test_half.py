@@ -2,7 +2,6 @@
 checkpoint, exact resume), the emulated-dtype warning, and inference with weights cast to half."""
 
 import json
-import os
 
 import pytest
 import torch
