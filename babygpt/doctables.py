@@ -18,6 +18,7 @@ and the table; everything between the two marker lines is generated:
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import sys
@@ -28,7 +29,9 @@ from .files import write_atomic
 from .options import option, parse_into
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCUMENTS = ("README.md", os.path.join("docs", "results.md"))
+# The README, the results and the lessons of the learning path (docs/learn/NN-*.md).
+DOCUMENTS = ("README.md", os.path.join("docs", "results.md"),
+             *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "learn", "[0-9][0-9]-*.md"))))
 BLOCK = re.compile(r"(<!-- generated: (?P<source>[^#\s]+)#(?P<key>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)",
                    re.DOTALL)
 
@@ -81,7 +84,7 @@ def stale_blocks(path: str, root: str | None = None) -> list[str]:
 class DocTablesOptions:
     """python -m babygpt.doctables's command line."""
 
-    files: list[str] = option([], "markdown files (none: README.md and docs/results.md)", positional=True,
+    files: list[str] = option([], "markdown files (none: README.md, docs/results.md, docs/learn/NN-*.md)", positional=True,
                               metavar="FILE...")
     check: bool = option(False, "change nothing; exit 1 if a block differs from its report")
 
@@ -92,8 +95,8 @@ def main(argv: list[str]) -> int:
     paths = args.files or [os.path.join(ROOT, d) for d in DOCUMENTS]
     missing = [p for p in paths if not os.path.isfile(p)]
     if missing:
-        raise BabyGPTError(*[f"no markdown file '{p}'; pass the files to update (default: README.md and "
-                             f"docs/results.md of the repository)" for p in missing])
+        raise BabyGPTError(*[f"no markdown file '{p}'; pass the files to update (default: README.md, "
+                             f"docs/results.md and the lessons in docs/learn/ of the repository)" for p in missing])
     if args.check:
         stale = [s for p in paths for s in stale_blocks(p)]
         for s in stale:
