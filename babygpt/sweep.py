@@ -271,8 +271,8 @@ def parse_value(text: str):
 
 
 @dataclass
-class SweepOptions(ScaleOutOptions):
-    """experiments/sweep.py's command line."""
+class SweepGrid:
+    """What experiments/sweep.py runs: the config, the grid, the fixed keys, the seeds."""
 
     config: Optional[str] = option(None, "config file applied to every run", positional=True, metavar="CONFIG.py")
     grid: list[str] = option([], "one grid axis, KEY=V1,V2,... (repeatable)")
@@ -301,7 +301,15 @@ class SweepOptions(ScaleOutOptions):
             problems.append(f"--jobs must be at least 1, got {self.jobs}")
         if self.config and not os.path.exists(self.config):
             problems.append(f"config file '{self.config}' not found; check the path")
-        return problems + self.scale_out_problems()
+        return problems
+
+
+@dataclass
+class SweepOptions(ScaleOutOptions, SweepGrid):
+    """experiments/sweep.py's command line: the grid, then how it is spread (listed in that order)."""
+
+    def problems(self) -> list[str]:
+        return SweepGrid.problems(self) + self.scale_out_problems()
 
 
 SWEEP_USAGE = "python experiments/sweep.py [CONFIG.py] --grid KEY=V1,V2 [--grid ...] [--seeds 0,1,2] [--out DIR]"

@@ -204,6 +204,15 @@ def test_each_job_runs_on_its_own_gpu(data_dir, tmp_path):
 
 # ------------------------------------------------------------------ shards as processes
 
+def in_process(argv, capsys):
+    """experiments/sweep.py's exit code, stdout and stderr, run in this process (no second torch import)."""
+    from babygpt import cli, sweep
+
+    code = cli.run(sweep.main, argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 def sweep_cli(out, data_dir, *extra):
     return [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"), "--grid", "learning_rate=1e-3,3e-3",
             "--seeds", "0", "--out", str(out), *[f"--set={a[2:]}" for a in BASE], f"--set=data_dir={data_dir}",
@@ -211,29 +220,27 @@ def sweep_cli(out, data_dir, *extra):
 
 
 @pytest.mark.slow
-def test_three_shards_then_collect_give_the_table_of_one_process(data_dir, tmp_path):
+def test_three_shards_then_collect_give_the_table_of_one_process(data_dir, tmp_path, monkeypatch, capsys):
     """Three shards of one sweep, started together as three processes writing into one directory,
     then --collect: the same results.csv as one process running the whole sweep, but for the
     columns of time, exit codes (unknown to --collect) and where the run lives."""
     def command(out, *extra):
-        return [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"), "--grid",
-                "norm_type=layernorm,rmsnorm,scalenorm", "--seeds", "0", "--out", str(out),
+        return ["--grid", "norm_type=layernorm,rmsnorm,scalenorm", "--seeds", "0", "--out", str(out),
                 *[f"--set={a[2:]}" for a in BASE], f"--set=data_dir={data_dir}", "--set=max_iters=5", *extra]
 
-    # The one process runs beside the shards, all with one thread per run (the same thread count
-    # everywhere, so the same floating-point sums; and four processes do not thrash two cores).
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = subprocess.Popen(command(tmp_path / "one"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env=env)
-    shards = [subprocess.Popen(command(tmp_path / "sh", "--shard", f"{k}/3"), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=env) for k in range(3)]
+    # One thread per run everywhere: the same floating-point sums in every process, and the one
+    # process (this one, in the meantime) and the three shards do not thrash two cores.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    shards = [subprocess.Popen([sys.executable, os.path.join(ROOT, "experiments", "sweep.py"),
+                                *command(tmp_path / "sh", "--shard", f"{k}/3")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(3)]
+    assert in_process(command(tmp_path / "one"), capsys)[0] == 0
     for k, shard in enumerate(shards):
         out, err = shard.communicate(timeout=300)
         assert shard.returncode == 0 and f"shard {k}/3: done" in out, err[-2000:]
-    assert one.wait(timeout=300) == 0, one.communicate()[1][-2000:]
     assert not (tmp_path / "sh" / "results.csv").exists()  # the table is --collect's
-    collect = subprocess.run(command(tmp_path / "sh", "--collect"), capture_output=True, text=True)
-    assert collect.returncode == 0, collect.stderr[-2000:]
+    code, _, err = in_process(command(tmp_path / "sh", "--collect"), capsys)
+    assert code == 0, err
 
     def table(path):
         with open(path, newline="") as f:
@@ -244,7 +251,7 @@ def test_three_shards_then_collect_give_the_table_of_one_process(data_dir, tmp_p
 
 
 @pytest.mark.slow
-def test_a_dead_shards_runs_are_retried_and_collect_waits_for_them(data_dir, tmp_path):
+def test_a_dead_shards_runs_are_retried_and_collect_waits_for_them(data_dir, tmp_path, capsys):
     """Shard 1/2 dies (its sweep and its train.py are killed, as when a node goes down) in the middle
     of its run. --collect refuses, naming what is missing; shard 0/2 trains its own run, then resumes
     the dead shard's from its checkpoint; then --collect writes the table."""
@@ -263,8 +270,8 @@ def test_a_dead_shards_runs_are_retried_and_collect_waits_for_them(data_dir, tmp
         assert time.monotonic() < deadline, "the killed train.py still holds its run directory"
         time.sleep(0.01)
 
-    early = subprocess.run(sweep_cli(out, data_dir, "--collect"), capture_output=True, text=True, timeout=120)
-    assert_user_error(early.stderr, early.returncode, "2 runs in", "have not finished", "shard 1/2 stopped",
+    code, _, err = in_process(sweep_cli(out, data_dir, "--collect")[2:], capsys)
+    assert_user_error(err, code, "2 runs in", "have not finished", "shard 1/2 stopped",
                       "run the shards that own them again")
     assert not (out / "results.csv").exists()
 
@@ -275,8 +282,8 @@ def test_a_dead_shards_runs_are_retried_and_collect_waits_for_them(data_dir, tmp
     with open(first / "config.json") as f:
         assert len(json.load(f)["resumes"]) == 1  # resumed from the dead shard's checkpoint, not restarted
 
-    collected = subprocess.run(sweep_cli(out, data_dir, "--collect"), capture_output=True, text=True, timeout=120)
-    assert collected.returncode == 0, collected.stderr
+    code, _, err = in_process(sweep_cli(out, data_dir, "--collect")[2:], capsys)
+    assert code == 0, err
     with open(out / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 and all(r["status"] in DONE for r in rows)
@@ -286,15 +293,13 @@ def test_a_dead_shards_runs_are_retried_and_collect_waits_for_them(data_dir, tmp
 
 
 def test_shard_refusals_are_one_line_and_change_nothing(data_dir, tmp_path, capsys):
-    from babygpt import cli, sweep
-
-    assert cli.run(sweep.main, sweep_cli(tmp_path / "none", data_dir, "--collect")[2:]) == 2
-    assert_user_error(capsys.readouterr().err, 2, "2 runs in", "have not finished")
+    code, _, err = in_process(sweep_cli(tmp_path / "none", data_dir, "--collect")[2:], capsys)
+    assert_user_error(err, code, "2 runs in", "have not finished")
     assert not (tmp_path / "none").exists()
     other = tmp_path / "other"
     RunLock(str(other / "shards"), Shard(0, 3).file_name()).acquire()  # a 3-way split was started here
-    assert cli.run(sweep.main, sweep_cli(other, data_dir, "--shard", "0/2")[2:]) == 2
-    assert_user_error(capsys.readouterr().err, 2, "holds shards of another split (0-of-3)")
+    code, _, err = in_process(sweep_cli(other, data_dir, "--shard", "0/2")[2:], capsys)
+    assert_user_error(err, code, "holds shards of another split (0-of-3)")
     assert sorted(os.listdir(other)) == ["shards"]
 
 
