@@ -228,7 +228,7 @@ class Sweep(SweepDir):
 def shard_done_message(sweep: Sweep) -> str:
     """What a shard says when its part is done: how far the sweep is, and how to merge. Raises if a
     run it trained failed (so that a job array marks the task failed)."""
-    failed = [name for name in sweep.exit_codes if sweep.status(next(r for r in sweep.runs if r.name == name)) not in DONE]
+    failed = [r.name for r in sweep.runs if r.name in sweep.exit_codes and sweep.status(r) not in DONE]
     if failed:
         raise BabyGPTError(f"shard {sweep.shard}: {len(failed)} run(s) failed (e.g. {failed[0]}); see "
                            f"{os.path.join(sweep.root, 'logs', failed[0] + '.log')}")

@@ -171,10 +171,14 @@ def finished_rows(sweep, last: bool = True) -> dict:
     """Run the sweep; its rows by run name. Runs that crashed or were refused (not finished, not
     diverged) stop the experiment with a pointer to their logs. A shard waits for the other shards'
     runs unless this is the experiment's ``last`` sweep, after which it stops (ShardDone): the
-    report is written by --collect once every shard has finished."""
+    report is written by --collect once every shard has finished. A sweep without runs (exp9 when
+    no run crossed) trains and writes nothing."""
     from babygpt.sweep import DONE
 
-    rows = sweep.run(wait=not last)
+    if not sweep.runs:
+        rows = None if sweep.shard is not None and last else []
+    else:
+        rows = sweep.run(wait=not last)
     if rows is None:
         raise ShardDone(shard_done_message(sweep))
     failed = [r["name"] for r in rows if r["status"] not in DONE]
@@ -182,13 +186,6 @@ def finished_rows(sweep, last: bool = True) -> dict:
         raise BabyGPTError(f"{len(failed)} of {len(rows)} runs failed (first: {failed[0]}); "
                            f"see {os.path.join(sweep.root, 'logs', failed[0] + '.log')}")
     return {r["name"]: r for r in rows}
-
-
-def no_more_runs(sweep) -> dict:
-    """The rows of an experiment's last sweep when it has no runs: a shard stops here all the same."""
-    if sweep.shard is not None:
-        raise ShardDone(shard_done_message(sweep))
-    return {}
 
 
 def training_time(rows) -> str:

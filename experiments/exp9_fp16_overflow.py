@@ -187,7 +187,7 @@ def main(argv):
              for lr, c in crossings.items() if c is not None}
     stopped_sweep = _common.sweep(os.path.join(out, "at_crossing"), list(stops.values()),
                                   _common.budget_args(args, budget, runs=list(stops.values())), args)
-    stopped_rows = _common.finished_rows(stopped_sweep) if stops else _common.no_more_runs(sweep)
+    stopped_rows = _common.finished_rows(stopped_sweep)
     block_size = int(loaded[lrs[0]]["info"]["config"]["block_size"])
     x, y = val_windows(args.data_dir, block_size, EVAL_WINDOWS["quick" if tier == "quick" else "default"])
     results = []
