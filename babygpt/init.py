@@ -22,22 +22,76 @@ than Xavier, the same weights get std 0.02 * beta and the query and key rows kee
 authors' torchscale code differs in detail: Xavier-uniform with gain 1/sqrt(2) on q, k, v and
 PyTorch's default init on the FFN before dividing fc1, fc2, v_proj and out_proj by (8N)^(1/4);
 this project follows the paper.)
+
+The two inits differ in three parts, and an explanation that credits "the init" bundles all three
+(GUIDE §6). Each part is a key of its own, so that an ablation can change one at a time; unset, a
+part follows ``init``:
+
+  init_linear        normal (N(0, 0.02)) | xavier (Xavier-uniform, q/k/v apart)
+  init_embedding     small (N(0, 0.02), unscaled) | unit (N(0, 1/C), token embeddings times sqrt(C))
+  init_depth_factor  sa.proj and ffwd.proj divided by sqrt(2 N) | not
+
+The presets draw their random numbers exactly as before the parts existed (so a gpt2 or xavier run
+of an earlier version is reproduced bit for bit); a changed part re-draws or rescales after them.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
 
+@dataclass(frozen=True)
+class InitParts:
+    """The three parts of an init (module docstring)."""
+
+    linear: str  # "normal" | "xavier"
+    embedding: str  # "small" | "unit"
+    depth_factor: bool
+
+
+PRESETS = {"gpt2": InitParts("normal", "small", True), "xavier": InitParts("xavier", "unit", False)}
+
+
+def init_parts(config) -> InitParts:
+    """The parts a GPTConfig asks for: its ``init`` preset, with any part set on its own replaced."""
+    preset = PRESETS[config.init]
+    return InitParts(config.init_linear or preset.linear, config.init_embedding or preset.embedding,
+                     preset.depth_factor if config.init_depth_factor is None else config.init_depth_factor)
+
+
 def init_weights(model: nn.Module) -> None:
-    """Initialise every Linear and Embedding weight of ``model`` (a GPT) by ``model.config.init``."""
-    if model.config.init == "xavier":
-        _init_xavier(model)
+    """Initialise every Linear and Embedding weight of ``model`` (a GPT) by its config's init parts."""
+    parts = init_parts(model.config)
+    deepnorm = model.config.norm_placement == "deepnorm"
+    if parts.linear == "xavier":
+        _init_xavier(model)  # embeddings "unit", no depth factor
+        if parts.depth_factor and not deepnorm:
+            _scale_residual_projections(model)
+        if parts.embedding == "small":
+            _init_embeddings(model, std=0.02)
     else:
-        _init_gpt2(model)
+        _init_gpt2(model, depth_factor=parts.depth_factor)  # embeddings "small"
+        if parts.embedding == "unit":
+            _init_embeddings(model, std=model.config.n_embd ** -0.5)
+
+
+def _init_embeddings(model: nn.Module, std: float) -> None:
+    """Token and position embeddings N(0, std^2) (the tied LM head with them)."""
+    nn.init.normal_(model.tok_emb.weight, mean=0.0, std=std)
+    nn.init.normal_(model.pos_emb.weight, mean=0.0, std=std)
+
+
+def _scale_residual_projections(model: nn.Module) -> None:
+    """Divide the two weights that write into the residual stream by sqrt(2 N) (GPT-2's depth factor)."""
+    factor = 1 / math.sqrt(2 * model.config.n_layer)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.sa.proj.weight.mul_(factor)
+            block.ffwd.proj.weight.mul_(factor)
 
 
 def attention_matrices(block: nn.Module) -> dict[str, torch.Tensor]:
@@ -47,7 +101,7 @@ def attention_matrices(block: nn.Module) -> dict[str, torch.Tensor]:
     return {"q": w[:C], "k": w[C:2 * C], "v": w[2 * C:], "o": block.sa.proj.weight}
 
 
-def _init_gpt2(model: nn.Module) -> None:
+def _init_gpt2(model: nn.Module, depth_factor: bool = True) -> None:
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -59,7 +113,7 @@ def _init_gpt2(model: nn.Module) -> None:
             attn = attention_matrices(block)
             for w in (block.ffwd.fc.weight, block.ffwd.proj.weight, attn["o"], attn["v"]):
                 nn.init.normal_(w, mean=0.0, std=0.02 * (8 * N) ** -0.25)
-        else:
+        elif depth_factor:  # re-drawn, not rescaled: the preset's random numbers stay as they always were
             nn.init.normal_(block.sa.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * N))
             nn.init.normal_(block.ffwd.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * N))
 
@@ -83,5 +137,4 @@ def _init_xavier(model: nn.Module) -> None:
             for w in (attn["q"], attn["k"], attn["v"]):
                 nn.init.xavier_uniform_(w)
     # Last: the tied LM head, a Linear, was given Xavier above.
-    nn.init.normal_(model.tok_emb.weight, mean=0.0, std=C ** -0.5)
-    nn.init.normal_(model.pos_emb.weight, mean=0.0, std=C ** -0.5)
+    _init_embeddings(model, std=C ** -0.5)

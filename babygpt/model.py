@@ -16,12 +16,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import Checked, unknown_choice
-from .init import init_weights
+from .init import init_parts, init_weights
 from .norms import NORMS, Norm, NormOptions, build_norm, qk_norm_refusal
 from .options import option
 
 PLACEMENTS = ("pre", "post", "sandwich", "deepnorm")  # see the Block docstring
 INITS = ("gpt2", "xavier")  # see babygpt/init.py
+INIT_LINEAR = ("normal", "xavier")
+INIT_EMBEDDING = ("small", "unit")
 # Placements whose residual stream reaches the LM head un-normalized: ln_f is on by default for these.
 FINAL_NORM_BY_DEFAULT = ("pre", "sandwich")
 
@@ -57,6 +59,14 @@ class GPTConfig(Checked):
         "gpt2", "weight init: gpt2 = N(0, 0.02), residual projections / sqrt(2 n_layer), stream RMS about "
                 "0.03; xavier = Xavier-uniform Linear weights, embeddings N(0, 1/n_embd) times sqrt(n_embd), "
                 "stream RMS about 1 (Vaswani et al. 2017, Xiong et al. 2020); DeepNorm: its own beta gains")
+    # The three parts that ``init`` bundles, each settable on its own (babygpt/init.py): an arm of an
+    # ablation changes one of them; none = the part as ``init`` has it.
+    init_linear: Optional[str] = option(None, "Linear weights: normal = N(0, 0.02), xavier = Xavier-uniform; "
+                                              "none = as init has them")
+    init_embedding: Optional[str] = option(None, "embeddings: small = N(0, 0.02) (stream RMS about 0.03), unit = "
+                                                 "N(0, 1/n_embd) times sqrt(n_embd) (RMS about 1); none = as init")
+    init_depth_factor: Optional[bool] = option(None, "residual projections (sa.proj, ffwd.proj) divided by "
+                                                     "sqrt(2 n_layer); none = as init (gpt2 yes, xavier no)")
 
     def problems(self) -> list[str]:
         """Every problem with these fields, one message each, so that all are reported at once."""
@@ -76,6 +86,12 @@ class GPTConfig(Checked):
             problems.append(unknown_choice("norm_placement", self.norm_placement, PLACEMENTS))
         if self.init not in INITS:
             problems.append(unknown_choice("init", self.init, INITS))
+        for name, choices in (("init_linear", INIT_LINEAR), ("init_embedding", INIT_EMBEDDING)):
+            if getattr(self, name) is not None and getattr(self, name) not in choices:
+                problems.append(unknown_choice(name, getattr(self, name), choices))
+        if self.init_depth_factor is not None and self.norm_placement == "deepnorm":
+            problems.append("init_depth_factor does not apply to norm_placement deepnorm (its beta gains are its "
+                            "depth scaling); leave init_depth_factor unset")
         problems += self.norm_options().problems()
         if self.dyt_alpha_init_attn is not None and not 0 < self.dyt_alpha_init_attn < math.inf:
             problems.append(f"dyt_alpha_init_attn must be a positive finite number, got {self.dyt_alpha_init_attn!r}")
@@ -295,12 +311,12 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         # Weight tying (Press & Wolf 2017): the output layer reuses the input embedding matrix.
         self.lm_head.weight = self.tok_emb.weight
-        # Xavier init gives the token embeddings std 1/sqrt(C); scaling them by sqrt(C) on the
+        # Xavier init ("unit" embeddings) gives the token embeddings std 1/sqrt(C); scaling them by sqrt(C) on the
         # way in starts the stream at unit RMS (Vaswani et al. 2017), while the tied LM head reads
         # the unscaled matrix. GPT-2 init has no such factor. DyT's LLaMA recipe (Zhu et al. 2025,
         # the authors' other_tasks/LLaMA code) makes it a learnable scalar starting at sqrt(C),
         # on N(0, 0.02) embeddings: their stream starts at RMS 0.02 sqrt(C), not 0.03.
-        scale = math.sqrt(cfg.n_embd) if cfg.init == "xavier" or cfg.emb_scale_learnable else 1.0
+        scale = math.sqrt(cfg.n_embd) if init_parts(cfg).embedding == "unit" or cfg.emb_scale_learnable else 1.0
         self.emb_scale = nn.Parameter(torch.tensor(scale)) if cfg.emb_scale_learnable else scale  # () or float
         init_weights(self)  # by cfg.init: see babygpt/init.py
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 
 # Two-sided 95% quantiles of Student's t, t_{0.975, df}, for df = 1 .. 30 (standard table values).
 T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -59,3 +60,118 @@ def lr_sensitivity(final_losses: dict[float, float], initial_loss: float) -> flo
         raise ValueError("LR sensitivity needs at least one learning rate")
     capped = [min(loss, initial_loss) if math.isfinite(loss) else initial_loss for loss in final_losses.values()]
     return statistics.fmean(capped) - min(capped)
+
+
+# ---------------------------------------------------------------- tests of a difference, and of equivalence
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta function I_x(a, b), by its continued fraction (modified Lentz
+    evaluation), using the symmetry I_x(a, b) = 1 - I_{1-x}(b, a) where the fraction converges slowly."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):
+        return 1.0 - _incomplete_beta(b, a, 1.0 - x)
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    fraction = d
+    for m in range(1, 500):
+        # the two coefficients of the fraction's m-th step (even term, then odd term)
+        for coeff in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                      -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + coeff * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + coeff / c
+            c = c if abs(c) > tiny else tiny
+            fraction *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return math.exp(log_front) * fraction / a
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with ``df`` degrees of freedom: the tail is I_{df/(df+t^2)}(df/2, 1/2) / 2."""
+    if math.isinf(t):
+        return 1.0 if t > 0 else 0.0
+    tail = 0.5 * _incomplete_beta(df / 2, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_ppf(p: float, df: float) -> float:
+    """The t with P(T <= t) = p (0 < p < 1), by bisection on t_cdf (to 1e-10)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"a quantile needs 0 < p < 1, got {p}")
+    if p < 0.5:
+        return -t_ppf(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1e-10 * max(1.0, hi):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    """A paired comparison's figures: the mean difference, its standard error and degrees of freedom,
+    with the two-sided p-value of "no difference" and the TOST p-value of "a difference of at least
+    ``margin``"."""
+
+    mean: float
+    se: float
+    df: int
+    margin: float
+
+    @classmethod
+    def of(cls, differences: list[float], margin: float) -> "PairedTest":
+        if len(differences) < 2:
+            raise ValueError(f"a paired test needs at least 2 pairs, got {len(differences)}")
+        n = len(differences)
+        return cls(statistics.fmean(differences), statistics.stdev(differences) / math.sqrt(n), n - 1, margin)
+
+    def _t(self, shift: float) -> float:
+        """(mean - shift) / se, with a zero standard error read as an infinitely sharp estimate."""
+        if self.se > 0:
+            return (self.mean - shift) / self.se
+        return math.copysign(math.inf, self.mean - shift) if self.mean != shift else 0.0
+
+    def p_difference(self) -> float:
+        """Two-sided p of the null hypothesis "mean difference = 0"."""
+        return 2 * (1 - t_cdf(abs(self._t(0.0)), self.df))
+
+    def p_equivalence(self) -> float:
+        """Schuirmann's two one-sided tests (1987): the larger of p(difference <= -margin) and
+        p(difference >= +margin); small means the difference lies inside (-margin, +margin)."""
+        return max(1 - t_cdf(self._t(-self.margin), self.df), t_cdf(self._t(self.margin), self.df))
+
+    def half_width(self, confidence: float) -> float:
+        """Half-width of the two-sided t-interval at ``confidence`` (e.g. 0.95)."""
+        return t_ppf(1 - (1 - confidence) / 2, self.df) * self.se
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm-Bonferroni (Holm 1979) adjusted p-values, in the order given: sort ascending, multiply
+    the i-th smallest (from 0) by k - i, and carry the running maximum so that the adjustment keeps
+    the order. Rejecting where the adjusted p <= alpha controls the family-wise error at alpha."""
+    k = len(p_values)
+    order = sorted(range(k), key=lambda i: p_values[i])
+    adjusted, running = [0.0] * k, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (k - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def holm_levels(p_values: list[float], alpha: float = 0.05) -> list[float]:
+    """The confidence of the interval that matches each hypothesis' Holm step: 1 - alpha / (k - rank),
+    rank counted from 0 over the p-values sorted ascending (the smallest gets Bonferroni's 1 - alpha/k)."""
+    k = len(p_values)
+    order = sorted(range(k), key=lambda i: p_values[i])
+    levels = [0.0] * k
+    for rank, i in enumerate(order):
+        levels[i] = 1 - alpha / (k - rank)
+    return levels

@@ -1,22 +1,30 @@
 """Experiment 2: the norm configurations head to head, each at its own tuned learning rate, over seeds.
 
 The protocol of GUIDE §6, the same for every configuration:
-  1. Tune: seed 0 at every LR of a half-decade grid (3e-4 ... 3e-2). The tuned LR is the one with
-     the lowest final loss; the LR sensitivity (Wortsman et al. 2023, arXiv:2309.14322) is the mean
-     over the grid of min(loss(lr), initial loss) minus that lowest loss.
-  2. Seed: seeds 1..N at the tuned LR. The tuning seed is left out because its loss was picked as
-     the lowest of the grid and is biased low. A seed fixes the init and the data order, so seed s
-     of two configurations is a pair: each configuration gets the mean paired difference to the
-     baseline with its 95% t-interval, and is called better or worse only if that excludes zero.
+  1. Tune on seeds 0..T-1 (T >= 2 tuning seeds): the half-decade LR grid (3e-4 ... 3e-2), extended
+     by half-decade steps while the best LR is at an edge, then refined to the quarter-decade
+     points beside the best (babygpt.tuning). The tuned LR has the lowest *mean* final loss over
+     the tuning seeds; the runner-up is kept too. The LR sensitivity (Wortsman et al. 2023,
+     arXiv:2309.14322) is the mean over the half-decade grid of min(mean loss(lr), initial loss)
+     minus the best mean on it.
+  2. Evaluate on seeds T..T+E-1, disjoint from the tuning seeds (whose losses were picked as the
+     lowest and are biased low), at each configuration's tuned LR. A seed fixes the init and the
+     data order, so seed s of two configurations is a pair. Each configuration gets its paired
+     difference to the baseline, and the table's verdicts are drawn together (babygpt.compare):
+     better / worse after Holm-Bonferroni, equivalent within ±m by two one-sided tests (m: the
+     baseline's seed-to-seed standard deviation, unless --margin), otherwise inconclusive.
+  3. Robustness: the baseline also runs the evaluation seeds at its second-best LR, and every
+     verdict is drawn again against that; "robust" says whether it stays the same.
 "Loss" is the final evaluation over the whole validation split (val_loss_full); min_lr is always
 lr / 10, so the schedule keeps its shape across the grid.
 
-Tiers: --quick checks the pipeline (tiny model, 2 LRs); the default uses _common.DEFAULT_BUDGET with
-400 iterations; --full trains the core configurations with train.py's own budget (2,400 iterations)
-at the tuned LRs of the default tier's results (--tuned_from), 2 seeds, no grid.
+Tiers: --quick checks the pipeline (tiny model, 2 LRs, no extension); the default uses
+_common.DEFAULT_BUDGET with 400 iterations; --full trains the core configurations with train.py's
+own budget (2,400 iterations) at the tuned LRs of the default tier's results (--tuned_from): LRs
+tuned at another budget, which its report says.
 
     python experiments/exp2_norm_comparison.py [--quick | --full] [--configs A.py,B.py] [--baseline NAME]
-        [--jobs N] [--out DIR]
+        [--tune_seeds T] [--seeds E] [--margin M] [--jobs N] [--out DIR]
 
 Writes results.csv (one row per run), tuned_lrs.json, norm_comparison.png, lr_sensitivity.png
 (not in --full) and report.md.
@@ -31,21 +39,25 @@ from typing import Optional
 
 import _common
 
-from babygpt.compare import MIN_PAIRS_FOR_VERDICT, best_lr, mean_interval, outcome_counts, paired_against, run_loss
+from babygpt.compare import MIN_PAIRS_FOR_VERDICT, compare_table, equivalence_margin, mean_interval, \
+    outcome_counts, run_loss
 from babygpt.errors import BabyGPTError
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, reference_lines, save
 from babygpt.rundir import read_json, write_json
 from babygpt.stats import lr_sensitivity
 from babygpt.sweep import Run, Sweep
+from babygpt.tuning import MAX_EXTENSIONS, ranked, search_all
 
 NAME = "exp2_norm_comparison"
-# 8 runs per configuration (5 LRs, then 3 seeds) x 4 configurations in 15 minutes on a 2-core CPU:
-# 400 iterations (not 500), evals every 100.
+# 400 iterations (not 500), evals every 100: the cost of ~20 runs per configuration (the LR search
+# on 2 seeds, then 5 evaluation seeds).
 EXP2_BUDGET = {"max_iters": 400, "eval_interval": 100}
 CORE = ("prenorm_rms", "prenorm_ln", "postnorm_ln", "prenorm_none")
 GRID = {"quick": "3e-3,3e-2", "default": "3e-4,1e-3,3e-3,1e-2,3e-2"}
-SEEDS = {"quick": 2, "default": 3, "full": 2}
+TUNE_SEEDS = {"quick": 2, "default": 2, "full": 2}
+SEEDS = {"quick": 2, "default": 5, "full": 2}
+EXTENSIONS = {"quick": 0, "default": MAX_EXTENSIONS, "full": 0}
 TUNED_FILE = "tuned_lrs.json"
 
 
@@ -69,8 +81,13 @@ def floats(text: str) -> list[float]:
 class Exp2Options(_common.TrainingOptions):
     configs: Optional[str] = option(None, "comma-separated config files to compare (none: " + ", ".join(CORE) + ")")
     baseline: Optional[str] = option(None, "the configuration the others are paired with (none: the first)")
-    seeds: Optional[int] = option(None, "seeds at the tuned LR, numbered from 1 (none: 3; quick and full 2)")
-    lrs: Optional[str] = option(None, "LR grid, tuned on seed 0 (none: 3e-4,1e-3,3e-3,1e-2,3e-2; quick 3e-3,3e-2)")
+    tune_seeds: Optional[int] = option(None, "seeds the LR is tuned on, 0..T-1 (none: 2)")
+    seeds: Optional[int] = option(None, "evaluation seeds at the tuned LR, numbered after the tuning seeds "
+                                        "(none: 5; quick and full 2)")
+    lrs: Optional[str] = option(None, "the LR grid the search starts from (none: 3e-4,1e-3,3e-3,1e-2,3e-2; "
+                                      "quick 3e-3,3e-2)")
+    margin: Optional[float] = option(None, "the equivalence margin m in nats (none: the baseline's seed-to-seed "
+                                           "standard deviation)")
     tuned_from: Optional[str] = option(None, "--full: the default tier's output, whose tuned LRs it uses "
                                              f"(none: results/{NAME})")
 
@@ -80,7 +97,8 @@ class Exp2Options(_common.TrainingOptions):
     def problems(self) -> list[str]:
         problems = super().problems()
         try:
-            if any(lr <= 0 or not math.isfinite(lr) for lr in floats(self.lrs or "1")):
+            if self.lrs is not None and (not self.lrs.strip() or
+                                         any(lr <= 0 or not math.isfinite(lr) for lr in floats(self.lrs))):
                 problems.append(f"--lrs takes positive learning rates, got {self.lrs!r}")
         except ValueError:
             problems.append(f"--lrs takes comma-separated numbers, got {self.lrs!r}")
@@ -94,6 +112,11 @@ class Exp2Options(_common.TrainingOptions):
                             f"add its config file to --configs")
         if self.seeds is not None and self.seeds < 2:
             problems.append(f"--seeds must be at least 2 (a confidence interval needs two runs), got {self.seeds}")
+        if self.tune_seeds is not None and self.tune_seeds < 2:
+            problems.append(f"--tune_seeds must be at least 2 (one seed's LR can be overturned by the next), "
+                            f"got {self.tune_seeds}")
+        if self.margin is not None and not (self.margin > 0 and math.isfinite(self.margin)):
+            problems.append(f"--margin takes a positive number of nats, got {self.margin}")
         if self.full and self.lrs:
             problems.append("--full has no LR grid (it uses the default tier's tuned LRs); drop --lrs")
         return problems
@@ -108,22 +131,38 @@ class Plan:
     configs: dict  # name -> config file
     baseline: str
     lrs: list
+    tune_seeds: list
     seeds: list
     args: object = None  # the command line, for how the sweeps are spread (jobs, shards, GPUs)
     base_args: list = field(default_factory=list)
+    tuning_runs: list = field(default_factory=list)  # every tuning run asked for so far, in order
 
-    def grid(self) -> dict:
-        """{name: {lr: the seed-0 tuning run}}; empty without an LR grid (--full)."""
-        return {name: {lr: Run(lr_overrides(lr), 0, path) for lr in self.lrs}
-                for name, path in self.configs.items() if self.lrs}
+    def tuning(self, wanted: dict) -> dict:
+        """{name: {lr: [the runs of each tuning seed]}} for the LRs ``wanted`` ({name: [lrs]})."""
+        return {name: {lr: [Run(lr_overrides(lr), s, self.configs[name]) for s in self.tune_seeds] for lr in lrs}
+                for name, lrs in wanted.items()}
 
-    def seed_runs(self, tuned: dict) -> dict:
-        """{name: the runs of seeds 1..N at its tuned LR} (none for a configuration that diverged at every LR)."""
-        return {name: [Run(lr_overrides(tuned[name]), s, path) for s in self.seeds] if tuned[name] else []
-                for name, path in self.configs.items()}
+    def seed_runs(self, lrs: dict) -> dict:
+        """{name: the runs of the evaluation seeds at lrs[name]} (none where there is no LR)."""
+        return {name: [Run(lr_overrides(lrs[name]), s, self.configs[name]) for s in self.seeds] if lrs.get(name)
+                else [] for name in self.configs}
 
     def sweep(self, runs: list) -> Sweep:
         return _common.sweep(self.out, runs, self.base_args, self.args)
+
+
+@dataclass
+class Outcome:
+    """What the training left: the search's mean losses, the tuned and runner-up LRs, the evaluation
+    runs (at the tuned LRs, and the baseline at its runner-up) and every run's results row."""
+
+    means: dict  # name -> {lr: mean loss over the tuning seeds}; empty in --full
+    tuned: dict  # name -> LR or None
+    second: dict  # name -> LR or None
+    censored: dict  # name -> True where the best LR stayed at an edge of the search
+    seed_runs: dict
+    robustness_runs: list
+    rows: dict
 
 
 def main(argv):
@@ -131,63 +170,106 @@ def main(argv):
     started = time.time()
     tier = _common.tier(args)
     configs = {config_name(c): c for c in args.config_files()}
+    n_tune = args.tune_seeds or TUNE_SEEDS[tier]
     plan = Plan(tier, _common.output_path(args, NAME), configs, args.baseline or next(iter(configs)),
-                sorted(floats(args.lrs or GRID[tier])) if tier != "full" else [],
-                list(range(1, (args.seeds or SEEDS[tier]) + 1)), args)
+                sorted(floats(args.lrs or GRID[tier])) if tier != "full" else [], list(range(n_tune)),
+                list(range(n_tune, n_tune + (args.seeds or SEEDS[tier]))), args)
     tuned_from = args.tuned_from or os.path.join("results", NAME)
-    grid, tuned, seed_runs, rows = train(args, plan, tuned_from)
-    write_results(args, plan, grid, tuned, seed_runs, rows, tuned_from, started)
+    outcome = train(args, plan, tuned_from)
+    write_results(args, plan, outcome, tuned_from, started)
     return 0
 
 
-def train(args, plan: Plan, tuned_from: str):
-    """Tune on seed 0 (unless --full, which reads the tuned LRs), then train the seeds there.
-    Returns the grid, the tuned LRs, the seed runs and every run's results row by name."""
-    grid = plan.grid()
-    grid_runs = [r for by_lr in grid.values() for r in by_lr.values()]
-    tuned = read_tuned(tuned_from, plan.configs) if not grid_runs else None
-    known = grid_runs or [r for rs in plan.seed_runs(tuned).values() for r in rs]  # the runs known before training
+def train(args, plan: Plan, tuned_from: str) -> Outcome:
+    """The LR search on the tuning seeds (unless --full, which reads the tuned LRs), then the
+    evaluation seeds there and the baseline's at its runner-up LR."""
+    record = read_tuned(tuned_from, plan.configs) if not plan.lrs else None
+    first = [r for by_lr in plan.tuning({n: plan.lrs for n in plan.configs}).values() for rs in by_lr.values()
+             for r in rs] if plan.lrs else []
+    known = first or [r for rs in plan.seed_runs(record["tuned"]).values() for r in rs]  # known before training
     plan.base_args = _common.budget_args(args, EXP2_BUDGET if plan.tier == "default" else {}, known)
     _common.claim(plan.out, args, NAME, plan.sweep(known))
-    if grid_runs:  # 1. tune on seed 0
-        rows = _common.finished_rows(plan.sweep(grid_runs), last=False)
-        tuned = {name: best_lr({lr: rows[r.name] for lr, r in by_lr.items()}) for name, by_lr in grid.items()}
-    seed_runs = plan.seed_runs(tuned)
-    # 2. seeds at the tuned LRs (the tuning runs are done, so the sweep skips them)
-    rows = _common.finished_rows(plan.sweep(grid_runs + [r for rs in seed_runs.values() for r in rs]))
-    write_json(os.path.join(plan.out, TUNED_FILE), {"lrs": plan.lrs, "tuned": tuned})
-    return grid, tuned, seed_runs, rows
+    if plan.lrs:
+        searched = search_all({n: plan.lrs for n in plan.configs}, lambda wanted: train_round(plan, wanted),
+                              EXTENSIONS[plan.tier])
+        means = {name: means for name, (_, means) in searched.items()}
+        record = {"tuned": {n: (ranked(m) + [None])[0] for n, m in means.items()},
+                  "second": {n: (ranked(m) + [None, None])[1] for n, m in means.items()},
+                  "censored": {n: search.censored(means[n]) for n, (search, _) in searched.items()}}
+    else:
+        means = {}
+    seed_runs = plan.seed_runs(record["tuned"])
+    second = record["second"].get(plan.baseline)
+    robustness = plan.seed_runs({plan.baseline: second})[plan.baseline] if second else []
+    rows = _common.finished_rows(plan.sweep(plan.tuning_runs + [r for rs in seed_runs.values() for r in rs]
+                                            + robustness))
+    write_json(os.path.join(plan.out, TUNED_FILE),
+               {"lrs": plan.lrs, "tune_seeds": plan.tune_seeds, **record,
+                "means": {n: {f"{lr:g}": m for lr, m in sorted(ms.items())} for n, ms in means.items()}})
+    return Outcome(means, record["tuned"], record["second"], record.get("censored") or {}, seed_runs,
+                   robustness, rows)
 
 
-def write_results(args, plan: Plan, grid, tuned, seed_runs, rows, tuned_from, started) -> None:
+def train_round(plan: Plan, wanted: dict) -> dict:
+    """Train one round of the LR search (every tuning seed of the ``wanted`` LRs) after the runs of
+    the rounds before; {name: {lr: [loss by tuning seed]}} over every LR tried so far."""
+    plan.tuning_runs += [r for by_lr in plan.tuning(wanted).values() for rs in by_lr.values() for r in rs]
+    rows = _common.finished_rows(plan.sweep(plan.tuning_runs), last=False)
+    losses: dict = {name: {} for name in plan.configs}
+    for run in plan.tuning_runs:
+        name = config_name(run.config)
+        losses[name].setdefault(run.overrides["learning_rate"], []).append(run_loss(rows[run.name]))
+    return losses
+
+
+def write_results(args, plan: Plan, outcome: Outcome, tuned_from, started) -> None:
     """report.md and the two plots."""
     sweep = plan.sweep([])
+    rows = outcome.rows
     refs = _common.reference_losses(args.data_dir)
-    losses = {name: [run_loss(rows[r.name]) for r in rs] for name, rs in seed_runs.items()}
-    initial = {name: initial_loss(sweep.out_dir(next(iter(by_lr.values())))) for name, by_lr in grid.items()}
+    losses = {name: [run_loss(rows[r.name]) for r in rs] for name, rs in outcome.seed_runs.items()}
+    margin = args.margin or equivalence_margin(losses[plan.baseline])
+    runner_up = [run_loss(rows[r.name]) for r in outcome.robustness_runs]
     seeds = f"seeds {', '.join(map(str, plan.seeds))}"
-    plot_curves({n: [load_run(sweep.out_dir(r)) for r in rs] for n, rs in seed_runs.items()}, refs,
+    plot_curves({n: [load_run(sweep.out_dir(r)) for r in rs] for n, rs in outcome.seed_runs.items()}, refs,
                 os.path.join(plan.out, "norm_comparison.png"), f"val loss, mean and range over {seeds}, "
                                                                f"each configuration at its tuned LR")
     budget = {**_common.TIERS[plan.tier], **(EXP2_BUDGET if plan.tier == "default" else {})}
-    how = (f"LR grid {', '.join(f'{lr:g}' for lr in plan.lrs)} on seed 0, then " if plan.lrs else
-           f"tuned LRs from the default tier ({tuned_from}/{TUNED_FILE}), ")
-    sensitivities = {n: sensitivity(grid[n], rows, initial[n]) for n in grid}
+    tune = f"seeds {', '.join(map(str, plan.tune_seeds))}"
+    how = (f"LR searched from the grid {', '.join(f'{lr:g}' for lr in plan.lrs)} on tuning {tune} "
+           f"(half-decade steps beyond an edge while the best mean loss is there, at most "
+           f"{EXTENSIONS[plan.tier]} a side, then the quarter-decade points beside the best), then evaluation "
+           if plan.lrs else
+           f"LRs tuned at the *default tier's budget*, not this one ({tuned_from}/{TUNED_FILE}), then evaluation ")
+    initial = {name: initial_loss(sweep.out_dir(Run(lr_overrides(plan.lrs[0]), plan.tune_seeds[0], path)))
+               for name, path in plan.configs.items()} if plan.lrs else {}
+    trained = {config_name(r.config) for r in plan.tuning_runs if rows[r.name]["status"] == "finished"}
+    sensitivities = {n: sensitivity(plan.lrs, outcome.means[n], initial[n], n in trained) for n in outcome.means}
     sections = [f"Tier `{plan.tier}`. Budget per run: {budget or 'train.py defaults'}; min_lr = lr/10; {how}"
-                f"{seeds} at each configuration's tuned LR, paired with {plan.baseline}. "
-                "Losses are the final evaluation over the whole validation split; a verdict (better/worse) "
-                f"needs a paired interval that excludes zero over at least {MIN_PAIRS_FOR_VERDICT} seeds. "
+                f"{seeds} at each configuration's tuned LR, paired with {plan.baseline}. Losses are the final "
+                f"evaluation over the whole validation split. {verdict_rule(len(plan.configs) - 1, margin, args.margin)} "
                 f"{_common.training_time(rows.values())}.",
-                _common.table_marker("tuned") + tuned_table(plan.configs, seed_runs, rows, losses, tuned,
-                                                            plan.baseline, sensitivities),
+                _common.table_marker("tuned") + tuned_table(plan, outcome, losses, runner_up, margin, sensitivities),
                 _common.references_section(refs), "![](norm_comparison.png)"]
-    if grid:
-        plot_lr_curves(grid, rows, refs, initial, os.path.join(plan.out, "lr_sensitivity.png"))
-        sections.insert(2, "Final loss by learning rate (seed 0; **bold**: the tuned LR):\n\n"
-                        + _common.table_marker("lr_grid") + lr_grid_table(grid, rows, tuned, initial))
+    if plan.lrs:
+        plot_lr_curves(outcome.means, refs, initial, os.path.join(plan.out, "lr_sensitivity.png"))
+        sections.insert(2, f"Final loss by learning rate, the mean over tuning {tune} (**bold**: the tuned LR, "
+                        "*italic*: the runner-up; diverged: a tuning seed diverged; blank: not tried):\n\n"
+                        + _common.table_marker("lr_grid") + lr_grid_table(outcome, initial))
         sections.append("![](lr_sensitivity.png)")
     _common.write_report(os.path.join(plan.out, "report.md"), "Normalization configurations compared",
                          _common.command_line(), "\n\n".join(sections), started)
+
+
+def verdict_rule(k: int, margin: float, stated: float | None) -> str:
+    """The report's sentence on how the table's verdicts are drawn."""
+    why = "given with --margin" if stated else "the baseline's seed-to-seed standard deviation"
+    return (f"Verdicts are drawn over the table's {k} comparisons together: *better*/*worse* where the paired "
+            f"t-test rejects no difference after Holm-Bonferroni (family-wise 5%; the interval shown is the one "
+            f"at the comparison's Holm step), *equivalent within ±{margin:.3f}* where two one-sided tests "
+            f"(Holm as well) reject a difference of {margin:.3f} nats or more (m = {margin:.3f}: {why}), "
+            f"otherwise *inconclusive*; a verdict needs at least {MIN_PAIRS_FOR_VERDICT} seed pairs. *Robust* "
+            f"says whether the verdict stays the same against the baseline at its runner-up LR.")
 
 
 # ---------------------------------------------------------------- reading the runs
@@ -201,16 +283,17 @@ def initial_loss(run_dir: str) -> float:
     return first["val_loss"]
 
 
-def sensitivity(by_lr: dict, rows: dict, initial: float) -> float | None:
-    """Wortsman et al.'s LR sensitivity over the grid; None if no LR trained (every run collapsed
-    or diverged), where the measure says nothing: it would be near 0, as if perfectly robust."""
-    if not any(rows[r.name]["status"] == "finished" for r in by_lr.values()):
+def sensitivity(grid: list, means: dict, initial: float, trained: bool) -> float | None:
+    """Wortsman et al.'s LR sensitivity over the half-decade grid, from the mean loss over the tuning
+    seeds; None if no LR ``trained`` (every run collapsed or diverged), where the measure says
+    nothing: it would be near 0, as if perfectly robust."""
+    if not trained:
         return None
-    return lr_sensitivity({lr: run_loss(rows[r.name]) for lr, r in by_lr.items()}, initial)
+    return lr_sensitivity({lr: means[lr] for lr in grid if lr in means}, initial)
 
 
 def read_tuned(path: str, configs: dict) -> dict:
-    """The tuned LR of each configuration from a default-tier output directory."""
+    """The tuned (and runner-up) LR of each configuration from a default-tier output directory."""
     record = read_json(os.path.join(path, TUNED_FILE))
     if record is None:
         raise BabyGPTError(f"no {TUNED_FILE} in '{path}'; run the default tier first "
@@ -220,39 +303,65 @@ def read_tuned(path: str, configs: dict) -> dict:
     if missing:
         raise BabyGPTError(f"{path}/{TUNED_FILE} has no tuned LR for {', '.join(missing)}; run the default tier "
                            f"with these configurations first")
-    return {name: tuned[name] for name in configs}
+    second = record.get("second") if isinstance(record.get("second"), dict) else {}
+    return {"tuned": {name: tuned[name] for name in configs},
+            "second": {name: second.get(name) for name in configs if isinstance(second.get(name), (int, float))}}
 
 
 # ---------------------------------------------------------------- tables
 
-def tuned_table(configs, seed_runs, rows, losses, tuned, baseline, sensitivities) -> str:
-    header = ["configuration", "parameters", "tuned LR", "LR sensitivity", "runs", "val loss, mean ± 95% CI",
-              f"paired Δ vs {baseline}, 95% CI", "verdict", "train time / run (s)"]
+def tuned_table(plan: Plan, outcome: Outcome, losses: dict, runner_up: list, margin: float,
+                sensitivities: dict) -> str:
+    """One row per configuration: its tuned LR, its evaluation seeds, and its verdict against the
+    baseline, drawn over the table and again against the baseline at its runner-up LR."""
+    base = plan.baseline
+    verdicts = compare_table(losses, base, margin)
+    again = compare_table({**losses, base: runner_up}, base, margin) if runner_up else {}
+    header = ["configuration", "parameters", "tuned LR", "runner-up LR", "LR sensitivity", "runs",
+              "val loss, mean ± 95% CI", f"paired Δ vs {base}, 95% CI", "Holm-step CI", "verdict",
+              f"robust to {base} at its runner-up LR", "train time / run (s)"]
     table = []
-    for name in configs:
-        rs = [rows[r.name] for r in seed_runs[name]]
-        delta, call = ("(baseline)", "—") if name == baseline else paired_against(losses[name], losses[baseline])
-        sens = sensitivities.get(name)  # absent: no grid (--full); None: no LR trained
+    for name in plan.configs:
+        rs = [outcome.rows[r.name] for r in outcome.seed_runs[name]]
+        c = verdicts.get(name)
+        sens = sensitivities.get(name)  # absent: no search (--full); None: no LR trained
+        tuned = outcome.tuned[name]
         table.append([name, f"{rs[0]['num_params']:,}" if rs and rs[0]["num_params"] else "—",
-                      f"{tuned[name]:g}" if tuned[name] else "none (all diverged)",
+                      (f"{tuned:g}" + (" (edge)" if outcome.censored.get(name) else "")) if tuned
+                      else "none (all diverged)",
+                      f"{outcome.second[name]:g}" if outcome.second.get(name) else "—",
                       f"{sens:.3f}" if sens is not None else "— (no LR trains)" if name in sensitivities else "—",
-                      outcome_counts(rs),
-                      mean_interval(losses[name]), delta, call,
+                      outcome_counts(rs), mean_interval(losses[name]),
+                      "(baseline)" if c is None else c.delta(), "—" if c is None else c.adjusted(),
+                      "—" if c is None else c.call(), robust_cell(c, again.get(name)),
                       f"{statistics.fmean(r['wall_time_s'] or 0 for r in rs):.1f}" if rs else "—"])
     return _common.markdown_table(header, table)
 
 
-def lr_cell(row: dict, is_best: bool) -> str:
-    if row["status"] == "diverged":
-        return f"diverged @ {row['diverged_at']}"
-    text = f"{run_loss(row):.3f}" + (" collapsed" if row["status"] == "collapsed" else "")
-    return f"**{text}**" if is_best else text
+def robust_cell(comparison, against_runner_up) -> str:
+    """yes / no (and the verdict it becomes) against the baseline at its runner-up LR."""
+    if comparison is None:
+        return "—"
+    if against_runner_up is None:
+        return "— (no runner-up runs)"
+    if against_runner_up.call() == comparison.call():
+        return "yes"
+    return f"no: {against_runner_up.call()} ({against_runner_up.delta()})"
 
 
-def lr_grid_table(grid, rows, tuned, initial) -> str:
-    lrs = sorted({lr for by_lr in grid.values() for lr in by_lr})
-    table = [[name, f"{initial[name]:.3f}"] + [lr_cell(rows[by_lr[lr].name], lr == tuned[name]) for lr in lrs]
-             for name, by_lr in grid.items()]
+def lr_cell(mean: float | None, tuned: bool, second: bool) -> str:
+    if mean is None:
+        return ""
+    text = f"{mean:.3f}" if math.isfinite(mean) else "diverged"
+    return f"**{text}**" if tuned else f"*{text}*" if second else text
+
+
+def lr_grid_table(outcome: Outcome, initial: dict) -> str:
+    """Mean loss over the tuning seeds at every LR the search tried, per configuration."""
+    lrs = sorted({lr for means in outcome.means.values() for lr in means})
+    table = [[name, f"{initial[name]:.3f}"] + [lr_cell(means.get(lr), lr == outcome.tuned[name],
+                                                       lr == outcome.second.get(name)) for lr in lrs]
+             for name, means in outcome.means.items()]
     return _common.markdown_table(["configuration", "initial"] + [f"{lr:g}" for lr in lrs], table)
 
 
@@ -277,20 +386,20 @@ def plot_curves(curves: dict, refs: dict, path: str, title: str) -> None:
     save(fig, path)
 
 
-def plot_lr_curves(grid, rows, refs, initial, path) -> None:
-    """Final loss against LR (seed 0); an x on the initial-loss line where a run diverged."""
+def plot_lr_curves(means: dict, refs, initial: dict, path) -> None:
+    """Mean final loss over the tuning seeds against LR; an x on the initial-loss line where a
+    tuning seed diverged."""
     fig, ax = new_figure(figsize=(8, 5))
     top = max(initial.values())
-    for i, (name, by_lr) in enumerate(grid.items()):
-        points = {lr: run_loss(rows[r.name]) for lr, r in by_lr.items()}
+    for i, (name, points) in enumerate(means.items()):
         xs = [lr for lr in sorted(points) if math.isfinite(points[lr])]
         ax.plot(xs, [points[lr] for lr in xs], "o-", color=f"C{i}", label=name)
         bad = [lr for lr in points if not math.isfinite(points[lr])]
         ax.plot(bad, [top] * len(bad), "x", color=f"C{i}", markersize=10, markeredgewidth=2)
     reference_lines(ax, refs, initial=top)
     ax.set_xscale("log")
-    ax.set(xlabel="learning rate", ylabel="final val loss, whole split (x: diverged)",
-           title="loss vs learning rate (seed 0)")
+    ax.set(xlabel="learning rate", ylabel="final val loss, whole split, mean of tuning seeds (x: diverged)",
+           title="loss vs learning rate (tuning seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     save(fig, path)

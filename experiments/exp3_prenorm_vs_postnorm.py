@@ -20,6 +20,11 @@ its part of the grid):
         [--depths 6,12] [--warmups 0,15,75] [--inits gpt2,xavier] [--seeds 2]
         [--placements pre,post,deepnorm] [--norm_type layernorm] [--out DIR]
 
+A row of the map (init, placement, depth, warmup) whose largest stable LR sits at an edge of the
+grid has not been measured, only bounded: the grid of that row is extended a half-decade at a time
+(at most MAX_EXTENSIONS a side) above a top LR that is still stable, and below when no LR is, until
+the answer lies inside what was tried; a row still at an edge then says so.
+
 Writes results.csv (one row per run), stability_map.png and report.md (the largest stable LR per
 init, placement, depth and warmup, and the whole map).
 """
@@ -36,6 +41,7 @@ from babygpt.model import INITS
 from babygpt.options import option
 from babygpt.plot import new_figure, save
 from babygpt.sweep import Run
+from babygpt.tuning import HALF_DECADE, MAX_EXTENSIONS, snap_half_decade
 
 GRIDS = {
     "quick": {"lrs": "1e-2", "depths": "2", "warmups": "0,5", "inits": "xavier", "seeds": 1},
@@ -52,6 +58,7 @@ BUDGETS = {
     "full": dict(_common.DEFAULT_BUDGET),
 }
 OUTCOME_CODE = {"finished": None, "collapsed": "C", "diverged": "D"}  # a finished run shows its loss
+EXTENSIONS = {"quick": 0, "default": MAX_EXTENSIONS, "full": MAX_EXTENSIONS}
 
 
 @dataclass
@@ -107,34 +114,83 @@ class Grid:
                    [int(d) for d in pick("depths").split(",")], [int(w) for w in pick("warmups").split(",")],
                    sorted(float(lr) for lr in pick("lrs").split(",")), list(range(pick("seeds"))))
 
-    def cells(self):
-        """(init, placement, depth, warmup, lr) for every cell, in the order of the tables."""
+    def rows(self):
+        """(init, placement, depth, warmup): the map's rows, in the order of the tables."""
         for init in self.inits:
             for placement in self.placements:
                 for depth in self.depths:
                     for warmup in self.warmups:
-                        for lr in self.lrs:
-                            yield init, placement, depth, warmup, lr
+                        yield init, placement, depth, warmup
+
+    def cells(self):
+        """(init, placement, depth, warmup, lr) for every cell of the grid before any extension."""
+        for row in self.rows():
+            for lr in self.lrs:
+                yield (*row, lr)
 
 
-def cell_runs(grid: Grid, norm_type: str) -> dict[tuple, list[Run]]:
-    """One Run per seed for every cell; constant LR after warmup (min_lr = learning_rate)."""
+def cell_runs(grid: Grid, norm_type: str, cells=None) -> dict[tuple, list[Run]]:
+    """One Run per seed for every cell (the grid's, unless ``cells``); constant LR after warmup
+    (min_lr = learning_rate)."""
     return {cell: [Run({"init": cell[0], "norm_placement": cell[1], "n_layer": cell[2], "warmup_iters": cell[3],
                         "learning_rate": cell[4], "min_lr": cell[4], "norm_type": norm_type}, seed,
                        label=f"{cell[1]}, {cell[0]}, {cell[2]} layers, warmup {cell[3]}, lr {cell[4]:g}")
                    for seed in grid.seeds]
-            for cell in grid.cells()}
+            for cell in (grid.cells() if cells is None else cells)}
 
 
 def trained(row: dict) -> bool:
     return row["status"] == "finished"
 
 
-def largest_stable_lr(grid: Grid, runs: dict, rows: dict, init, placement, depth, warmup) -> Optional[float]:
-    """The largest LR of the grid at which every seed trained (finished, neither collapsed nor diverged)."""
-    stable = [lr for lr in grid.lrs
-              if all(trained(rows[r.name]) for r in runs[init, placement, depth, warmup, lr])]
+def row_lrs(runs: dict, row: tuple) -> list[float]:
+    """The LRs tried in one row of the map, ascending."""
+    return sorted(cell[4] for cell in runs if cell[:4] == row)
+
+
+def stable_lrs(runs: dict, rows: dict, row: tuple) -> list[float]:
+    """The LRs of ``row`` at which every seed trained (finished, neither collapsed nor diverged)."""
+    return [lr for lr in row_lrs(runs, row) if all(trained(rows[r.name]) for r in runs[(*row, lr)])]
+
+
+def largest_stable_lr(runs: dict, rows: dict, row: tuple) -> Optional[float]:
+    """The largest LR tried in ``row`` at which every seed trained; None if there is none."""
+    stable = stable_lrs(runs, rows, row)
     return max(stable) if stable else None
+
+
+def edge(runs: dict, rows: dict, row: tuple) -> Optional[str]:
+    """Where the row's answer is censored: "low" if no LR tried is stable, "high" if the largest LR
+    tried is; None when the largest stable LR lies inside the row's LRs."""
+    stable, lrs = stable_lrs(runs, rows, row), row_lrs(runs, row)
+    if not stable:
+        return "low"
+    return "high" if max(stable) == lrs[-1] else None
+
+
+def extensions(grid: Grid, runs: dict, rows: dict, steps: dict, limit: int) -> list[tuple]:
+    """The next cells of the rows whose answer sits at an edge: a half-decade beyond it (``steps``
+    counts each row's extensions per side and is updated)."""
+    cells = []
+    for row in grid.rows():
+        side = edge(runs, rows, row)
+        if side is None or steps.setdefault((row, side), 0) >= limit:
+            continue
+        steps[(row, side)] += 1
+        lrs = row_lrs(runs, row)
+        lr = snap_half_decade(lrs[-1] * HALF_DECADE) if side == "high" else snap_half_decade(lrs[0] / HALF_DECADE)
+        cells.append((*row, lr))
+    return cells
+
+
+def stable_cell(runs: dict, rows: dict, row: tuple) -> str:
+    """The stable-LR table's cell: the largest stable LR, or the bound a censored row gives."""
+    lrs, top, side = row_lrs(runs, row), largest_stable_lr(runs, rows, row), edge(runs, rows, row)
+    if side == "low":
+        return f"none (< {lrs[0]:g}, grid edge)"
+    if side == "high":
+        return f">= {top:g} (grid edge)"
+    return f"{top:g}"
 
 
 def cell_text(cell_rows: list[dict]) -> str:
@@ -147,22 +203,20 @@ def stable_lr_table(grid: Grid, runs: dict, rows: dict) -> str:
     for init in grid.inits:
         for placement in grid.placements:
             for depth in grid.depths:
-                cells = [largest_stable_lr(grid, runs, rows, init, placement, depth, w) for w in grid.warmups]
-                body.append([init, placement, depth,
-                             *(f"{lr:g}" if lr is not None else f"none (< {grid.lrs[0]:g})" for lr in cells)])
+                body.append([init, placement, depth, *(stable_cell(runs, rows, (init, placement, depth, w))
+                                                       for w in grid.warmups)])
     return _common.markdown_table(["init", "placement", "n_layer", *(f"warmup {w}" for w in grid.warmups)], body)
 
 
+def all_lrs(runs: dict) -> list[float]:
+    return sorted({cell[4] for cell in runs})
+
+
 def map_table(grid: Grid, runs: dict, rows: dict) -> str:
-    body = []
-    for init in grid.inits:
-        for placement in grid.placements:
-            for depth in grid.depths:
-                for warmup in grid.warmups:
-                    body.append([init, placement, depth, warmup,
-                                 *(cell_text([rows[r.name] for r in runs[init, placement, depth, warmup, lr]])
-                                   for lr in grid.lrs)])
-    return _common.markdown_table(["init", "placement", "n_layer", "warmup", *(f"lr {lr:g}" for lr in grid.lrs)], body)
+    lrs = all_lrs(runs)
+    body = [[*row, *(cell_text([rows[r.name] for r in runs[(*row, lr)]]) if (*row, lr) in runs else ""
+                     for lr in lrs)] for row in grid.rows()]
+    return _common.markdown_table(["init", "placement", "n_layer", "warmup", *(f"lr {lr:g}" for lr in lrs)], body)
 
 
 def plot_map(grid: Grid, runs: dict, rows: dict, path: str) -> None:
@@ -170,21 +224,37 @@ def plot_map(grid: Grid, runs: dict, rows: dict, path: str) -> None:
     of seeds that trained (green all, red none), each cell labelled with its outcomes."""
     import numpy as np
 
+    lrs = all_lrs(runs)
     panels = [(i, p) for i in grid.inits for p in grid.placements]
     fig, axes = new_figure(len(panels), len(grid.depths), squeeze=False,
-                           figsize=(1.1 * len(grid.lrs) * len(grid.depths) + 1.5, 0.5 * len(grid.warmups) * len(panels) + 1.2 * len(panels)))
+                           figsize=(1.1 * len(lrs) * len(grid.depths) + 1.5, 0.5 * len(grid.warmups) * len(panels) + 1.2 * len(panels)))
     for row_axes, (init, placement) in zip(axes, panels):
         for ax, depth in zip(row_axes, grid.depths):
-            cells = [[[rows[r.name] for r in runs[init, placement, depth, w, lr]] for lr in grid.lrs] for w in grid.warmups]
-            share = np.array([[sum(map(trained, c)) / len(c) for c in line] for line in cells])
-            ax.imshow(share, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
+            cells = [[[rows[r.name] for r in runs.get((init, placement, depth, w, lr), [])] for lr in lrs]
+                     for w in grid.warmups]
+            share = np.array([[sum(map(trained, c)) / len(c) if c else np.nan for c in line] for line in cells])
+            ax.imshow(share, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")  # an untried cell (nan) stays blank
             for y, line in enumerate(cells):
                 for x, c in enumerate(line):
-                    ax.text(x, y, cell_text(c), ha="center", va="center", fontsize=7)
-            ax.set_xticks(range(len(grid.lrs)), [f"{lr:g}" for lr in grid.lrs])
+                    ax.text(x, y, cell_text(c) if c else "", ha="center", va="center", fontsize=7)
+            ax.set_xticks(range(len(lrs)), [f"{lr:g}" for lr in lrs])
             ax.set_yticks(range(len(grid.warmups)), [str(w) for w in grid.warmups])
             ax.set(xlabel="learning rate", ylabel="warmup iterations", title=f"{placement}, {init} init, {depth} layers")
     save(fig, path)
+
+
+def train_extending(grid: Grid, runs: dict, sweep_of, args) -> tuple[dict, dict]:
+    """Train the grid, then extension rounds until no row's answer is at an edge it may still move
+    past (a shard waits for every round); returns every cell's runs and every run's results row."""
+    steps: dict = {}
+    every = lambda: [r for seeds in runs.values() for r in seeds]  # noqa: E731
+    rows = _common.finished_rows(sweep_of(every()), last=False)
+    while True:
+        new = extensions(grid, runs, rows, steps, EXTENSIONS[_common.tier(args)])
+        if not new:
+            return runs, _common.finished_rows(sweep_of(every()))
+        runs = {**runs, **cell_runs(grid, args.norm_type, new)}
+        rows = _common.finished_rows(sweep_of(every()), last=False)
 
 
 def main(argv):
@@ -194,9 +264,10 @@ def main(argv):
     grid = Grid.of(args)
     runs = cell_runs(grid, args.norm_type)
     every_run = [r for seeds in runs.values() for r in seeds]
-    sweep = _common.sweep(out, every_run, _common.budget_args(args, BUDGETS[_common.tier(args)], runs=every_run), args)
+    base_args = _common.budget_args(args, BUDGETS[_common.tier(args)], runs=every_run)
+    sweep = _common.sweep(out, every_run, base_args, args)
     _common.claim(out, args, "exp3_prenorm_vs_postnorm", sweep)
-    rows = _common.finished_rows(sweep)
+    runs, rows = train_extending(grid, runs, lambda rs: _common.sweep(out, rs, base_args, args), args)
     plot_map(grid, runs, rows, os.path.join(out, "stability_map.png"))
 
     budget = {**_common.TIERS[_common.tier(args)], **BUDGETS[_common.tier(args)]}
@@ -205,11 +276,15 @@ def main(argv):
             f"init and learning_rate as listed, constant after warmup (min_lr = learning_rate); norm_type "
             f"{args.norm_type}; seeds {', '.join(map(str, grid.seeds))}. "
             f"{_common.training_time(rows.values())}.\n\n"
-            + _common.table_section("Largest stable learning rate", "The largest LR of the grid at which every "
-                                    "seed finished without collapsing or diverging.", "stable_lr",
+            + _common.table_section("Largest stable learning rate", "The largest LR tried at which every seed "
+                                    "finished without collapsing or diverging. A row whose answer was at an edge of "
+                                    f"the grid {', '.join(f'{lr:g}' for lr in grid.lrs)} was extended a half-decade at "
+                                    f"a time (at most {EXTENSIONS[_common.tier(args)]} a side); *grid edge* marks one "
+                                    "still there.", "stable_lr",
                                     stable_lr_table(grid, runs, rows))
             + _common.table_section("The map", "Each seed's final loss over the whole validation split, or C "
-                                    "(collapsed) or D (diverged).", "map", map_table(grid, runs, rows))
+                                    "(collapsed) or D (diverged); blank: not tried in that row.", "map",
+                                    map_table(grid, runs, rows))
             + _common.references_section(_common.reference_losses(args.data_dir))
             + "\n\n![](stability_map.png)")
     _common.write_report(os.path.join(out, "report.md"), "Stability maps: placement x LR x warmup x depth x init",

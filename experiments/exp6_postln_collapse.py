@@ -8,17 +8,21 @@ the same (GUIDE §6). Each arm changes one thing in that setup, a hypothesis for
                   biases (the model learning a fixed output) would need them.
   adam_eps=1e-15  at this LR block 0's per-element gradient becomes about 1e-8, the size of AdamW's
                   eps (1e-8): eps then damps the updates of the early blocks, which stop learning.
-  init=xavier     the paper's init (unit-RMS stream, no depth factor) instead of GPT-2's, whose
-                  stream starts at RMS 0.03.
+  init=xavier     the paper's init instead of GPT-2's. It bundles three changes, so each is also
+                  an arm of its own (babygpt/init.py's parts):
+  xavier weights     init_linear=xavier: Xavier-uniform Linear weights instead of N(0, 0.02);
+  unit embeddings    init_embedding=unit: embeddings N(0, 1/C) times sqrt(C), a stream that starts
+                     at RMS about 1 instead of 0.03;
+  no depth factor    init_depth_factor=False: sa.proj and ffwd.proj without GPT-2's 1/sqrt(2N).
 
-Every arm runs at experiment 2's default-tier budget and schedule (lr 3e-3, min_lr 3e-4), with
-per-layer diagnostics (babygpt/diagnostics.py) every --diag_interval iterations; Pre-LN at the same
-LR is the reference that trains. A hypothesis holds when its change prevents the collapse in every
-seed. Seed 0's baseline is experiment 2's collapsed grid run.
+Every arm runs at experiment 2's default-tier budget and schedule, at lr 3e-3 (where the baseline
+collapses) and 1e-2 (past it), min_lr = lr/10, with per-layer diagnostics (babygpt/diagnostics.py)
+every --diag_interval iterations; Pre-LN at the same LR is the reference that trains. A hypothesis
+holds at an LR when its change prevents the collapse in every seed there.
 
-    python experiments/exp6_postln_collapse.py [--quick | --full] [--jobs N] [--seeds 2] [--out DIR]
+    python experiments/exp6_postln_collapse.py [--quick | --full] [--jobs N] [--seeds 3] [--out DIR]
 
-Writes results.csv, collapse_diagnostics.png and report.md.
+Writes results.csv, collapse_diagnostics.png (lr 3e-3) and report.md.
 """
 
 import os
@@ -34,22 +38,25 @@ from babygpt.plot import load_run, new_figure, save
 from babygpt.sweep import Run
 from exp2_norm_comparison import EXP2_BUDGET
 
-LR = 3e-3
-SETUP = {"norm_placement": "post", "norm_type": "layernorm", "learning_rate": LR, "min_lr": LR / 10}
+LRS = (3e-3, 1e-2)
+SETUP = {"norm_placement": "post", "norm_type": "layernorm"}
 # arm -> (what it changes, overrides on top of SETUP); the first is the collapsing setup itself.
 ARMS = {
     "baseline": ("Post-LN as in experiment 2 (GPT-2 init, biases, adam_eps 1e-8)", {}),
     "bias=False": ("no biases, no LayerNorm beta", {"bias": False}),
     "adam_eps=1e-15": ("AdamW eps 1e-15 instead of 1e-8", {"adam_eps": 1e-15}),
-    "init=xavier": ("Xavier init, unit-RMS stream", {"init": "xavier"}),
+    "init=xavier": ("Xavier init: all three parts below", {"init": "xavier"}),
+    "xavier weights": ("Xavier-uniform Linear weights only", {"init_linear": "xavier"}),
+    "unit embeddings": ("embeddings N(0, 1/C) x sqrt(C) only (stream RMS about 1)", {"init_embedding": "unit"}),
+    "no depth factor": ("no 1/sqrt(2N) on the residual projections only", {"init_depth_factor": False}),
     "Pre-LN (reference)": ("Pre-LN, everything else as the baseline", {"norm_placement": "pre"}),
 }
-HYPOTHESES = ("bias=False", "adam_eps=1e-15", "init=xavier")
+HYPOTHESES = ("bias=False", "adam_eps=1e-15", "init=xavier", "xavier weights", "unit embeddings", "no depth factor")
 
 
 @dataclass
 class Exp6Options(_common.TrainingOptions):
-    seeds: int = option(2, "seeds per arm, 0..N-1")
+    seeds: int = option(3, "seeds per arm and LR, 0..N-1")
     diag_interval: int = option(10, "iterations between per-layer diagnostics")
 
     def problems(self) -> list[str]:
@@ -61,9 +68,14 @@ class Exp6Options(_common.TrainingOptions):
         return problems
 
 
-def arm_runs(seeds: int, diag_interval: int) -> dict[str, list[Run]]:
-    return {arm: [Run({**SETUP, **overrides, "diag_interval": diag_interval}, seed, label=arm)
-                  for seed in range(seeds)] for arm, (_, overrides) in ARMS.items()}
+def lr_setup(lr: float) -> dict:
+    return {**SETUP, "learning_rate": lr, "min_lr": lr / 10}
+
+
+def arm_runs(seeds: int, diag_interval: int) -> dict[tuple, list[Run]]:
+    """{(arm, lr): its runs, one per seed}."""
+    return {(arm, lr): [Run({**lr_setup(lr), **overrides, "diag_interval": diag_interval}, seed, label=arm)
+                        for seed in range(seeds)] for lr in LRS for arm, (_, overrides) in ARMS.items()}
 
 
 def verdict(rows: list[dict]) -> str:
@@ -111,16 +123,18 @@ def diagnostics_table(runs: dict, loaded: dict, sizes: dict, at: list[int]) -> s
                                    "stream RMS (last block)"], body)
 
 
-def plot(runs: dict, loaded_by_seed: dict, path: str) -> None:
+def plot(arms: list, loaded_by_seed: dict, path: str) -> None:
     import math
 
     panels = [("token_independence", -1, "token independence, last block"),
               ("attn_logit_max", None, "max attention logit, any block"),
               ("grad_norm", 0, "gradient norm, block 0"), ("update_ratio", 0, "update ratio, block 0")]
-    fig, axes = new_figure(1, len(panels), figsize=(5 * len(panels), 4.2))
+    fig, axes = new_figure(2, 2, figsize=(11, 8))
+    axes = axes.flatten()
     for ax, (key, layer, title) in zip(axes, panels):
-        for colour, arm in zip(("C0", "C1", "C2", "C3", "C7"), runs):
-            for seed, run in enumerate(loaded_by_seed[arm]):
+        for i, arm in enumerate(arms):
+            colour = f"C{i}"
+            for seed, run in enumerate(loaded_by_seed[arm][:2]):  # two seeds: the plot stays readable
                 rows = [r for r in run["metrics"] if r.get(key) is not None]
                 values = [max((v for v in r[key] if v is not None), default=math.nan) if layer is None
                           else (r[key][layer] if r[key][layer] is not None else math.nan) for r in rows]
@@ -128,7 +142,8 @@ def plot(runs: dict, loaded_by_seed: dict, path: str) -> None:
                         label=arm if seed == 0 else None)
         ax.set(title=title, xlabel="iteration", yscale="log")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"Post-LN collapse diagnostics at lr {LRS[0]:g} (solid: seed 0, dashed: seed 1)")
     save(fig, path)
 
 
@@ -144,36 +159,41 @@ def main(argv):
     _common.claim(out, args, "exp6_postln_collapse", sweep)
     rows = _common.finished_rows(sweep)
 
-    loaded_by_seed = {arm: [load_run(sweep.out_dir(r)) for r in rs] for arm, rs in runs.items()}
-    sizes = {arm: block0_size(sweep.out_dir(rs[0])) for arm, rs in runs.items()}
-    plot(runs, loaded_by_seed, os.path.join(out, "collapse_diagnostics.png"))
+    first = {arm: runs[(arm, LRS[0])] for arm in ARMS}  # the diagnostics: the LR where the baseline collapses
+    loaded_by_seed = {arm: [load_run(sweep.out_dir(r)) for r in rs] for arm, rs in first.items()}
+    sizes = {arm: block0_size(sweep.out_dir(rs[0])) for arm, rs in first.items()}
+    plot(list(ARMS), loaded_by_seed, os.path.join(out, "collapse_diagnostics.png"))
 
-    table = []
-    for arm, rs in runs.items():
-        arm_rows = [rows[r.name] for r in rs]
-        outcomes = " / ".join(f"{run_loss(r):.3f}" + ("" if r["status"] == "finished" else f" {r['status']}")
-                              for r in arm_rows)
-        holds = verdict(arm_rows) if arm in HYPOTHESES else "—"
-        table.append([arm, ARMS[arm][0], outcomes, holds])
     warmup = dict(_common.TIERS[_common.tier(args)], **budget).get("warmup_iters", 100)
-    last = rows[runs["baseline"][0].name]["iter"]
+    last = rows[first["baseline"][0].name]["iter"]
     at = sorted({args.diag_interval, warmup, 2 * warmup, last})
     settings = {**_common.TIERS[_common.tier(args)], **budget}
     body = (f"Tier `{_common.tier(args)}`. Budget per run: {settings or 'train.py defaults'}; "
-            f"{', '.join(f'{k} {v:g}' if isinstance(v, float) else f'{k} {v}' for k, v in SETUP.items())}; seeds {', '.join(map(str, range(args.seeds)))}; "
+            f"{', '.join(f'{k} {v}' for k, v in SETUP.items())}; learning_rate "
+            f"{' and '.join(f'{lr:g}' for lr in LRS)} (min_lr = lr/10); seeds {', '.join(map(str, range(args.seeds)))}; "
             f"diagnostics every {args.diag_interval} iterations. {_common.training_time(rows.values())}.\n\n"
             + _common.table_section("Which hypothesis holds", "Each seed's final loss over the whole validation "
-                                    "split.", "hypotheses",
-                                    _common.markdown_table(["arm", "change", "final loss per seed", "hypothesis"], table))
-            + _common.table_section("What the diagnostics show (seed 0)", "Gradient RMS per element = block 0's "
-                                    "gradient norm / sqrt(its parameter count), to compare with AdamW's eps.",
-                                    "diagnostics",
-                                    diagnostics_table(runs, {a: v[0] for a, v in loaded_by_seed.items()}, sizes, at))
+                                    "split; a hypothesis holds at an LR where its change makes every seed train.",
+                                    "hypotheses", hypotheses_table(runs, rows))
+            + _common.table_section(f"What the diagnostics show (seed 0, lr {LRS[0]:g})", "Gradient RMS per element "
+                                    "= block 0's gradient norm / sqrt(its parameter count), to compare with AdamW's "
+                                    "eps.", "diagnostics",
+                                    diagnostics_table(first, {a: v[0] for a, v in loaded_by_seed.items()}, sizes, at))
             + _common.references_section(_common.reference_losses(args.data_dir))
             + "\n\n![](collapse_diagnostics.png)")
-    _common.write_report(os.path.join(out, "report.md"), "Why Post-LN collapses: three hypotheses",
+    _common.write_report(os.path.join(out, "report.md"), "Why Post-LN collapses: the hypotheses, the init's parts apart",
                          _common.command_line(), body, started)
     return 0
+
+
+def hypotheses_table(runs: dict, rows: dict) -> str:
+    table = []
+    for (arm, lr), rs in runs.items():
+        arm_rows = [rows[r.name] for r in rs]
+        outcomes = " / ".join(f"{run_loss(r):.3f}" + ("" if r["status"] == "finished" else f" {r['status']}")
+                              for r in arm_rows)
+        table.append([arm, ARMS[arm][0], f"{lr:g}", outcomes, verdict(arm_rows) if arm in HYPOTHESES else "—"])
+    return _common.markdown_table(["arm", "change", "lr", "final loss per seed", "hypothesis"], table)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,15 @@ z_loss * (log Z)^2 with 1e-4). This experiment draws their loss-vs-LR curves for
 each fix off and on, at two widths, and records the per-layer max attention logit and the output
 log Z along the way (diagnostics every --diag_interval iterations).
 
-Arms: plain, qk_norm, z_loss (1e-4), qk_norm + z_loss. The LR sensitivity (GUIDE §6) of an arm at a
-width is computed on the seed-mean loss of each LR. Two seeds: every difference here is reported as
-"no difference measured"; the table shows the curves, not verdicts.
+Arms: plain, qk_norm, z_loss (1e-4), qk_norm + z_loss, all with this project's AdamW weight decay 0.1
+(PyTorch's coupled form: each step scales a weight by 1 - lr_t * 0.1). Wortsman et al. observe the
+output-logit drift *without* weight decay and train with an "independent" decay of 1e-4 (a step
+scales a weight by 1 - s_t * 1e-4, s_t the schedule's factor, lr_t / lr); whether weight decay is
+why the z-loss changes nothing here is measured by four more arms: plain and z_loss with weight
+decay 0, and with the independent 1e-4 (weight_decay = 1e-4 / lr, which makes the coupled form
+exactly the independent one). The LR sensitivity (GUIDE §6) of an arm at a width is computed on the
+seed-mean loss of each LR. Two seeds: no difference between arms is claimed (inconclusive); the
+table shows the curves, not verdicts.
 
     python experiments/exp7_lr_sensitivity.py [--quick | --full] [--jobs N] [--widths 64,128] [--lrs ...]
         [--seeds 2] [--out DIR]
@@ -36,12 +42,27 @@ from exp2_norm_comparison import floats, initial_loss, lr_overrides
 
 NAME = "exp7_lr_sensitivity"
 Z_LOSS = 1e-4  # Wortsman et al.'s (and PaLM's) coefficient
+INDEPENDENT_WD = 1e-4  # Wortsman et al.'s independent weight decay
+# arm -> (flags, weight decay: a number, or "independent" for INDEPENDENT_WD / lr; None = the default 0.1)
 ARMS = {
-    "plain": {"qk_norm": False, "z_loss": 0.0},
-    "qk_norm": {"qk_norm": True, "z_loss": 0.0},
-    "z_loss": {"qk_norm": False, "z_loss": Z_LOSS},
-    "qk_norm + z_loss": {"qk_norm": True, "z_loss": Z_LOSS},
+    "plain": ({"qk_norm": False, "z_loss": 0.0}, None),
+    "qk_norm": ({"qk_norm": True, "z_loss": 0.0}, None),
+    "z_loss": ({"qk_norm": False, "z_loss": Z_LOSS}, None),
+    "qk_norm + z_loss": ({"qk_norm": True, "z_loss": Z_LOSS}, None),
+    "plain, wd 0": ({"qk_norm": False, "z_loss": 0.0}, 0.0),
+    "z_loss, wd 0": ({"qk_norm": False, "z_loss": Z_LOSS}, 0.0),
+    "plain, independent wd 1e-4": ({"qk_norm": False, "z_loss": 0.0}, "independent"),
+    "z_loss, independent wd 1e-4": ({"qk_norm": False, "z_loss": Z_LOSS}, "independent"),
 }
+
+
+def weight_decay(rule, lr: float) -> dict:
+    """The run's weight_decay override for an arm's rule at peak LR ``lr`` (none for the default)."""
+    if rule is None:
+        return {}
+    return {"weight_decay": INDEPENDENT_WD / lr if rule == "independent" else rule}
+
+
 SETUP = {"norm_placement": "pre", "norm_type": "rmsnorm", "n_layer": 4, "n_head": 4}
 # Per tier: LR grid (half-decades up to 1e-1), widths, and the budget on top of _common.TIERS.
 GRID = {"quick": "1e-2,1e-1", "default": "1e-3,3e-3,1e-2,3e-2,1e-1", "full": "3e-4,1e-3,3e-3,1e-2,3e-2,1e-1"}
@@ -80,10 +101,10 @@ class Exp7Options(_common.TrainingOptions):
 
 def cell_runs(lrs: list[float], widths: list[int], seeds: int, diag_interval: int) -> dict:
     """{(arm, width, lr): [Run per seed]}."""
-    return {(arm, width, lr): [Run({**SETUP, **flags, "n_embd": width, **lr_overrides(lr),
-                                    "diag_interval": diag_interval}, seed, label=f"{arm.replace(' + ', '+')}_w{width}")
+    return {(arm, width, lr): [Run({**SETUP, **flags, "n_embd": width, **lr_overrides(lr), **weight_decay(rule, lr),
+                                    "diag_interval": diag_interval}, seed, label=f"{arm}, w{width}")
                                for seed in range(seeds)]
-            for arm, flags in ARMS.items() for width in widths for lr in lrs}
+            for arm, (flags, rule) in ARMS.items() for width in widths for lr in lrs}
 
 
 def last_diag(run: dict, key: str) -> float | None:
@@ -160,10 +181,11 @@ def plot(summary: dict, lrs, widths, refs: dict, initial: dict, path: str) -> No
     for row, width in enumerate(widths):
         for col, (key, title) in enumerate(panels):
             ax = axes[row, col]
-            for colour, arm in zip(("C0", "C1", "C2", "C3"), ARMS):
+            for i, arm in enumerate(ARMS):
+                colour, style = f"C{i % 4}", "o-" if i < 4 else ("s--" if i < 6 else "^:")
                 ys = [summary[(arm, width, lr)][key] for lr in lrs]
                 ys = [math.nan if y is None or not math.isfinite(y) else y for y in ys]
-                ax.plot(lrs, ys, "o-", color=colour, label=arm)
+                ax.plot(lrs, ys, style, color=colour, label=arm)
             if key == "loss":
                 reference_lines(ax, refs, initial[width])
             positive = any((summary[(arm, width, lr)][key] or 0) > 0 for arm in ARMS for lr in lrs)
@@ -202,7 +224,7 @@ def main(argv):
                 "Loss against learning rate", "Final loss over the whole validation split, the mean of the "
                 "seeds (diverged if any seed diverged). LR sensitivity: Wortsman et al.'s mean over the grid of "
                 "min(loss, initial loss) minus the best loss. With 2 seeds no difference between arms is "
-                "claimed: no difference measured.", "sensitivity",
+                "claimed: inconclusive.", "sensitivity",
                 sensitivity_table(summary, lrs, widths, initial))
             + _common.table_section(
                 "The two instabilities", "Each cell: the largest attention logit q.k/sqrt(D) over layers and "

@@ -170,10 +170,15 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
         assert (tmp_path / "res" / "amplification.png").stat().st_size > 0
         for key in ("per_layer", "last_layer", "amplification"):
             assert f"<!-- table: {key} -->" in report
-    if script == "exp7_lr_sensitivity":  # 4 arms x 2 LRs x 1 width x 1 seed, z-loss and qk_norm reaching the runs
+    if script == "exp7_lr_sensitivity":  # 8 arms x 2 LRs x 1 width x 1 seed, z-loss, qk_norm, weight decay reaching the runs
         rows = read_csv(tmp_path / "res" / "results.csv")
-        assert len(rows) == 8 and {(r["cfg.qk_norm"], r["cfg.z_loss"]) for r in rows} == \
+        assert len(rows) == 16 and {(r["cfg.qk_norm"], r["cfg.z_loss"]) for r in rows} == \
             {("False", "0.0"), ("True", "0.0"), ("False", "0.0001"), ("True", "0.0001")}
+        decays = {(r["label"].rsplit(", w", 1)[0], float(r["cfg.learning_rate"])): float(r["cfg.weight_decay"])
+                  for r in rows if r["cfg.weight_decay"]}
+        assert decays == {(f"{arm}, {kind}", lr): pytest.approx(wd) for arm in ("plain", "z_loss")
+                          for lr in (1e-2, 1e-1)
+                          for kind, wd in (("wd 0", 0.0), ("independent wd 1e-4", 1e-4 / lr))}
         assert "<!-- table: sensitivity -->" in report and "<!-- table: instabilities -->" in report
     if script == "exp8_dyt_saturation":  # plain and paper DyT under both inits, saturation measured
         assert len(read_csv(tmp_path / "res" / "results.csv")) == 4
@@ -184,7 +189,10 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
         assert "<!-- table: crossing -->" in report and "<!-- table: half -->" in report
     if script == "exp6_postln_collapse":
         rows = read_csv(tmp_path / "res" / "results.csv")
-        assert len(rows) == 5 and {r["cfg.diag_interval"] for r in rows} == {"5"}
+        assert len(rows) == 16 and {r["cfg.diag_interval"] for r in rows} == {"5"}  # 8 arms x 2 LRs x 1 seed
+        assert {(r["label"], r["cfg.learning_rate"]) for r in rows if r["cfg.init_depth_factor"] == "False"} == \
+            {("no depth factor", "0.003"), ("no depth factor", "0.01")}
+        assert {r["label"] for r in rows if r["cfg.init_linear"] == "xavier"} == {"xavier weights"}
         assert "<!-- table: hypotheses -->" in report and "<!-- table: diagnostics -->" in report
 
 
@@ -206,10 +214,49 @@ def test_stability_map_cells_and_largest_stable_lr(monkeypatch):
                (10, 1e-3): ["finished"] * 2, (10, 3e-3): ["finished"] * 2, (10, 1e-2): ["collapsed", "finished"]}
     rows = {r.name: {"status": s, "val_loss_full": 2.0 if s == "finished" else 3.35}
             for (w, lr), statuses in outcome.items() for r, s in zip(runs["xavier", "post", 6, w, lr], statuses)}
-    assert exp3.largest_stable_lr(grid, runs, rows, "xavier", "post", 6, 0) == 1e-3
-    assert exp3.largest_stable_lr(grid, runs, rows, "xavier", "post", 6, 10) == 3e-3
+    assert exp3.largest_stable_lr(runs, rows, ("xavier", "post", 6, 0)) == 1e-3
+    assert exp3.largest_stable_lr(runs, rows, ("xavier", "post", 6, 10)) == 3e-3
     assert "| xavier | post | 6 | 0.001 | 0.003 |" in exp3.stable_lr_table(grid, runs, rows)
     assert "| xavier | post | 6 | 0 | 2.00 / 2.00 | 2.00 / C | D / D |" in exp3.map_table(grid, runs, rows)
+    assert exp3.extensions(grid, runs, rows, {}, limit=3) == []  # both answers lie inside the grid
+
+
+def test_stability_map_extends_a_row_whose_answer_is_at_an_edge(monkeypatch):
+    """A row stable at its top LR gets the next half-decade above; a row stable nowhere the next below;
+    each until the answer is inside, or the limit leaves it marked as a grid edge."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import _common
+    import exp3_prenorm_vs_postnorm as exp3
+
+    args = _common.parse(exp3.Exp3Options, ["--lrs=1e-3,3e-3", "--depths=6", "--warmups=0", "--seeds=1",
+                                            "--placements=pre,post"], "exp3", "doc")
+    grid = exp3.Grid.of(args)
+    pre, post = ("xavier", "pre", 6, 0), ("xavier", "post", 6, 0)
+    runs = exp3.cell_runs(grid, "layernorm")
+    # pre trains up to 1e-2; post only below 1e-4: the truth the extensions must find
+    status = lambda placement, lr: "finished" if (lr <= 1.1e-2 if placement == "pre" else lr < 1.1e-4) else "collapsed"  # noqa: E731
+    steps, rounds = {}, []
+    while True:
+        rows = {r.name: {"status": status(cell[1], cell[4]), "val_loss_full": 2.0} for cell, rs in runs.items()
+                for r in rs}
+        new = exp3.extensions(grid, runs, rows, steps, limit=3)
+        if not new:
+            break
+        rounds.append(sorted(new))
+        runs = {**runs, **exp3.cell_runs(grid, "layernorm", new)}
+    assert rounds == [sorted([(*pre, 1e-2), (*post, 3e-4)]), sorted([(*pre, 3e-2), (*post, 1e-4)])]
+    assert exp3.stable_cell(runs, rows, pre) == "0.01" and exp3.stable_cell(runs, rows, post) == "0.0001"
+    table = exp3.map_table(grid, runs, rows)
+    assert "| lr 0.0001 | lr 0.0003 | lr 0.001 | lr 0.003 | lr 0.01 | lr 0.03 |" in table
+    assert "| xavier | pre | 6 | 0 |  |  | 2.00 | 2.00 | 2.00 | C |" in table
+    # with one extension a side, post's answer stays at the grid's lower edge, and says so
+    steps, runs = {}, exp3.cell_runs(grid, "layernorm")
+    for _ in range(3):
+        rows = {r.name: {"status": status(cell[1], cell[4]), "val_loss_full": 2.0} for cell, rs in runs.items()
+                for r in rs}
+        runs = {**runs, **exp3.cell_runs(grid, "layernorm", exp3.extensions(grid, runs, rows, steps, limit=1))}
+    assert exp3.stable_cell(runs, rows, post) == "none (< 0.0003, grid edge)"
+    assert exp3.stable_cell(runs, rows, pre) == ">= 0.01 (grid edge)"
 
 
 def test_loglog_slope_and_output_change(monkeypatch):
@@ -235,37 +282,48 @@ def test_exp2_options_are_checked_together(monkeypatch):
     assert [config_name(c) for c in _common.parse(Exp2Options, [], "exp2", "doc").config_files()] == list(CORE)
     with pytest.raises(BabyGPTError) as e:
         _common.parse(Exp2Options, ["--quick", "--full", "--baseline=nope", "--seeds=1", "--lrs=1e-3,-1",
+                                    "--tune_seeds=1", "--margin=-0.1",
                                     "--configs=config/prenorm_ln.py,other/prenorm_ln.py"], "exp2", "doc")
     joined = "\n".join(e.value.problems)
     for fragment in ("--quick and --full are two tiers", "--baseline 'nope' is not among", "--seeds must be at least 2",
+                     "--tune_seeds must be at least 2", "--margin takes a positive number",
                      "--lrs takes positive learning rates", "names a configuration twice",
                      "--full has no LR grid", "config file 'other/prenorm_ln.py' not found"):
         assert fragment in joined
 
 
-def test_exp2_table_pairs_each_configuration_with_the_baseline(monkeypatch):
+def test_exp2_table_draws_each_verdict_and_its_robustness_to_the_baselines_runner_up(monkeypatch):
     monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
     import exp2_norm_comparison as exp2
-    from babygpt.stats import paired_difference
+    from babygpt.compare import compare_table
 
     configs = {"base": "base.py", "var": "var.py"}
-    seed_runs = {n: [Run({"learning_rate": 1e-3}, s, c) for s in (1, 2, 3)] for n, c in configs.items()}
+    plan = exp2.Plan("default", "out", configs, "base", [1e-3, 3e-3], [0, 1], [2, 3, 4])
+    seed_runs = plan.seed_runs({"base": 1e-3, "var": 3e-3})
     values = {"base": [2.10, 2.20, 2.15], "var": [2.00, 2.12, 2.04]}
     rows = {r.name: {"status": "finished", "val_loss_full": v, "num_params": 10, "wall_time_s": 1.0}
             for n in configs for r, v in zip(seed_runs[n], values[n])}
-    text = exp2.tuned_table(configs, seed_runs, rows, values, {"base": 1e-3, "var": 1e-3}, "base", {"var": 0.25})
-    var = next(line for line in text.splitlines() if line.startswith("| var |")).split(" | ")
-    mean, half = paired_difference(values["var"], values["base"])
-    assert var[6] == f"{mean:+.3f} ± {half:.3f}" and var[7] == "better" and var[3] == "0.250"
-    assert "| base | 10 | 0.001 | — | 3 finished |" in text and "(baseline)" in text
+    outcome = exp2.Outcome({"base": {1e-3: 2.0, 3e-3: 2.1}, "var": {1e-3: 2.1, 3e-3: 2.0}},
+                           {"base": 1e-3, "var": 3e-3}, {"base": 3e-3, "var": 1e-3}, {}, seed_runs, [], rows)
+    # the baseline at its runner-up LR is as good as var: against it the verdict changes
+    text = exp2.tuned_table(plan, outcome, values, [2.00, 2.12, 2.05], 0.01, {"base": 0.1, "var": 0.25})
+    cells = {line.split(" | ")[0][2:]: line.split(" | ") for line in text.splitlines()[2:]}
+    expected = compare_table(values, "base", 0.01)["var"]
+    assert cells["var"][2:5] == ["0.003", "0.001", "0.250"] and cells["var"][7] == expected.delta()
+    assert cells["var"][8] == expected.adjusted() and cells["var"][9] == "better" == expected.call()
+    assert cells["var"][10].startswith("no: inconclusive") and cells["base"][7] == "(baseline)"
+    same = exp2.tuned_table(plan, outcome, values, [2.11, 2.19, 2.16], 0.01, {"base": 0.1, "var": 0.25})
+    assert "| better | yes |" in same
+    # without runner-up runs there is no robustness to show; an edge LR is marked
+    outcome.censored = {"var": True}
+    text = exp2.tuned_table(plan, outcome, values, [], 0.01, {"base": 0.1, "var": None})
+    assert "| var | 10 | 0.003 (edge) | 0.001 | — (no LR trains) |" in text and "— (no runner-up runs)" in text
+    # the LR table: mean over the tuning seeds, bold tuned, italic runner-up
+    grid = exp2.lr_grid_table(outcome, {"base": 4.2, "var": 4.2})
+    assert "| base | 4.200 | **2.000** | *2.100* |" in grid
     # A configuration that collapsed at every LR has no LR sensitivity (it would read as ~0, "robust").
-    grid = {1e-3: Run({"learning_rate": 1e-3}, 0, "dead.py"), 1e-2: Run({"learning_rate": 1e-2}, 0, "dead.py")}
-    collapsed = {r.name: {"status": "collapsed", "val_loss_full": 3.35} for r in grid.values()}
-    assert exp2.sensitivity(grid, collapsed, 4.2) is None
-    collapsed[grid[1e-2].name] = {"status": "finished", "val_loss_full": 2.35}
-    assert exp2.sensitivity(grid, collapsed, 4.2) == pytest.approx(0.5)
-    text = exp2.tuned_table(configs, seed_runs, rows, values, {"base": 1e-3, "var": 1e-3}, "base", {"var": None})
-    assert "| var | 10 | 0.001 | — (no LR trains) |" in text
+    assert exp2.sensitivity([1e-3, 1e-2], {1e-3: 3.35, 1e-2: 3.35}, 4.2, trained=False) is None
+    assert exp2.sensitivity([1e-3, 1e-2], {1e-3: 3.35, 1e-2: 2.35}, 4.2, trained=True) == pytest.approx(0.5)
 
 
 def test_loss_plots_draw_the_runs_reference_losses():
@@ -313,9 +371,10 @@ def assert_collect_rewrites_the_same_tables(tmp_path, report, *args):
 
 
 @pytest.mark.slow
-def test_exp2_tunes_on_seed_0_then_seeds_each_configuration_at_its_own_lr(data_dir, tmp_path):
-    """Quick tier: the LR grid on seed 0, each configuration's best LR, seeds 1-2 there, paired with
-    the baseline; then --full reads those tuned LRs and trains 2 seeds at each, without a grid."""
+def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr(data_dir, tmp_path):
+    """Quick tier: the LR grid on tuning seeds 0-1, the quarter-decade point beside the best, each
+    configuration's best mean, evaluation seeds 2-3 there (and the baseline at its runner-up), paired
+    with the baseline; then --full reads those tuned LRs and trains seeds 2-3 at each, without a grid."""
     configs = "--configs=" + ",".join(os.path.join(ROOT, "config", c + ".py") for c in ("prenorm_rms", "postnorm_ln"))
     proc = run_script("experiments/exp2_norm_comparison.py", "--quick", "--out=res", f"--data_dir={data_dir}",
                       "--jobs=2", configs, cwd=tmp_path, timeout=300)
@@ -324,21 +383,28 @@ def test_exp2_tunes_on_seed_0_then_seeds_each_configuration_at_its_own_lr(data_d
     for name in ("norm_comparison.png", "lr_sensitivity.png", "results.csv", "report.md", "tuned_lrs.json"):
         assert (res / name).stat().st_size > 0, name
     rows = read_csv(res / "results.csv")
-    assert all(r["status"] in DONE for r in rows) and len(rows) == 2 * (2 + 2)  # 2 configs x (2 LRs + 2 seeds)
-    grid_rows = [r for r in rows if r["seed"] == "0"]
-    tuned = {}
+    assert all(r["status"] in DONE for r in rows)
+    # 2 configs x (3 LRs x 2 tuning seeds + 2 evaluation seeds) + the baseline's 2 at its runner-up
+    assert len(rows) == 2 * (3 * 2 + 2) + 2
+    record = json.loads((res / "tuned_lrs.json").read_text())
     for config in ("prenorm_rms", "postnorm_ln"):
-        mine = [r for r in grid_rows if r["name"].startswith(config + "__")]
-        best = min(mine, key=lambda r: float(r["val_loss_full"]))  # quick runs neither diverge nor tie
-        tuned[config] = float(best["cfg.learning_rate"])
-        seeded = [r for r in rows if r["name"].startswith(config + "__") and r["seed"] != "0"]
-        assert sorted(r["seed"] for r in seeded) == ["1", "2"]
-        assert {float(r["cfg.learning_rate"]) for r in seeded} == {tuned[config]}
-    assert json.loads((res / "tuned_lrs.json").read_text())["tuned"] == tuned
+        mine = [r for r in rows if r["name"].startswith(config + "__")]
+        tuning = [r for r in mine if r["seed"] in ("0", "1")]
+        means = {}
+        for r in tuning:
+            means.setdefault(float(r["cfg.learning_rate"]), []).append(float(r["val_loss_full"]))
+        assert sorted(means) == [3e-3, 9.5e-3, 3e-2] and all(len(v) == 2 for v in means.values())
+        ranked = sorted(means, key=lambda lr: sum(means[lr]))  # quick runs neither diverge nor tie
+        assert record["tuned"][config] == ranked[0] and record["second"][config] == ranked[1]
+        evaluated = [(r["seed"], float(r["cfg.learning_rate"])) for r in mine if r["seed"] in ("2", "3")]
+        expected = [(s, ranked[0]) for s in ("2", "3")] + ([(s, ranked[1]) for s in ("2", "3")]
+                                                             if config == "prenorm_rms" else [])
+        assert sorted(evaluated) == sorted(expected)
     report = (res / "report.md").read_text()
     table = {row[0]: row for row in report_rows(report, "tuned")[1:]}
-    assert table["prenorm_rms"][6] == "(baseline)" and float(table["postnorm_ln"][2]) == tuned["postnorm_ln"]
-    assert table["postnorm_ln"][7] == "no difference measured (2 pairs)"  # a verdict needs >= 3 seeds
+    assert table["prenorm_rms"][7] == "(baseline)"
+    assert float(table["postnorm_ln"][2].split()[0]) == record["tuned"]["postnorm_ln"]
+    assert table["postnorm_ln"][9] == "inconclusive (2 pairs)"  # a verdict needs >= 3 seed pairs
     assert len(report_rows(report, "lr_grid")) == 3 and len(report_rows(report, "references")) == 2
     assert_collect_rewrites_the_same_tables(tmp_path, report, f"--data_dir={data_dir}", configs)
 
@@ -349,8 +415,10 @@ def test_exp2_tunes_on_seed_0_then_seeds_each_configuration_at_its_own_lr(data_d
     assert full.returncode == 0, full.stderr[-2000:]
     rows = read_csv(tmp_path / "full" / "results.csv")
     assert sorted((r["name"].split("__")[0], float(r["cfg.learning_rate"]), r["seed"]) for r in rows) == sorted(
-        (c, lr, s) for c, lr in tuned.items() for s in ("1", "2"))
+        [(c, lr, s) for c, lr in record["tuned"].items() for s in ("2", "3")]
+        + [("prenorm_rms", record["second"]["prenorm_rms"], s) for s in ("2", "3")])
     assert not (tmp_path / "full" / "lr_sensitivity.png").exists()
+    assert "tuned at the *default tier's budget*" in (tmp_path / "full" / "report.md").read_text()
     missing = run_script("experiments/exp2_norm_comparison.py", "--full", "--out=full2", "--tuned_from=nowhere",
                          f"--data_dir={data_dir}", cwd=tmp_path)
     assert missing.returncode == 2 and "run the default tier first" in missing.stderr

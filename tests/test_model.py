@@ -293,6 +293,61 @@ def test_init_choice_is_checked():
         tiny_config(init="xavir")
 
 
+def part_stds(linear: str, depth_factor: bool, C: int, N: int) -> dict[str, float]:
+    """The std of each weight for one choice of the Linear part and the depth factor (pre placement)."""
+    xavier = lambda fan_in, fan_out: math.sqrt(2 / (fan_in + fan_out))  # noqa: E731
+    base = ({"q": 0.02, "k": 0.02, "v": 0.02, "o": 0.02, "fc": 0.02, "proj": 0.02} if linear == "normal" else
+            {"q": xavier(C, C), "k": xavier(C, C), "v": xavier(C, C), "o": xavier(C, C), "fc": xavier(C, 4 * C),
+             "proj": xavier(4 * C, C)})
+    factor = 1 / math.sqrt(2 * N) if depth_factor else 1.0
+    return {**base, "o": base["o"] * factor, "proj": base["proj"] * factor}
+
+
+@pytest.mark.parametrize("init", INITS)
+@pytest.mark.parametrize("linear", [None, "normal", "xavier"])
+@pytest.mark.parametrize("embedding", [None, "small", "unit"])
+@pytest.mark.parametrize("depth_factor", [None, False, True])
+def test_each_init_part_is_set_on_its_own(init, linear, embedding, depth_factor):
+    """Every combination of the three parts over either preset: each weight's std, the stream's RMS
+    and the embedding scale follow the parts, unset parts the preset."""
+    C, N = 96, 6
+    model = GPT(tiny_config(n_embd=C, n_head=4, n_layer=N, init=init, init_linear=linear, init_embedding=embedding,
+                            init_depth_factor=depth_factor))
+    want_linear = linear or ("xavier" if init == "xavier" else "normal")
+    want_embedding = embedding or ("unit" if init == "xavier" else "small")
+    want_depth = (init == "gpt2") if depth_factor is None else depth_factor
+    expected = part_stds(want_linear, want_depth, C, N)
+    block = model.blocks[-1]
+    w = block.sa.qkv.weight
+    weights = {"q": w[:C], "k": w[C:2 * C], "v": w[2 * C:], "o": block.sa.proj.weight,
+               "fc": block.ffwd.fc.weight, "proj": block.ffwd.proj.weight}
+    assert_close(torch.tensor([weights[k].std().item() for k in expected]), torch.tensor(list(expected.values())),
+                 rtol=0.05, atol=0)
+    idx = torch.randint(29, (8, 16))
+    rms = (model.tok_emb(idx) * model.emb_scale + model.pos_emb(torch.arange(16))).pow(2).mean().sqrt()
+    assert_close(rms, torch.tensor(math.sqrt(1 + 1 / C) if want_embedding == "unit" else 0.02 * math.sqrt(2)),
+                 rtol=0.1, atol=0)
+    assert model.emb_scale == (math.sqrt(C) if want_embedding == "unit" else 1.0)
+
+
+def test_a_preset_written_as_its_parts_is_the_preset_bit_for_bit():
+    for init, parts in (("gpt2", {"init_linear": "normal", "init_embedding": "small", "init_depth_factor": True}),
+                        ("xavier", {"init_linear": "xavier", "init_embedding": "unit", "init_depth_factor": False})):
+        torch.manual_seed(0)
+        preset = GPT(tiny_config(init=init)).state_dict()
+        torch.manual_seed(0)
+        spelled = GPT(tiny_config(init=init, **parts)).state_dict()
+        assert all(torch.equal(preset[k], spelled[k]) for k in preset)
+
+
+def test_init_parts_are_checked():
+    with pytest.raises(BabyGPTError) as e:
+        tiny_config(init_linear="uniform", init_embedding="big", init_depth_factor=True, norm_placement="deepnorm")
+    joined = "\n".join(e.value.problems)
+    assert "unknown init_linear 'uniform'" in joined and "unknown init_embedding 'big'" in joined
+    assert "init_depth_factor does not apply to norm_placement deepnorm" in joined
+
+
 @pytest.mark.parametrize("qk_norm", [False, True])
 def test_attention_logits_are_what_the_attention_softmaxes(qk_norm):
     cfg = tiny_config(qk_norm=qk_norm)

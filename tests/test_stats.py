@@ -55,22 +55,100 @@ def test_tuning_picks_the_lowest_loss_among_runs_that_did_not_diverge():
     assert best_lr({1e-2: by_lr[1e-2]}) is None
 
 
-def test_paired_verdicts_need_an_interval_that_excludes_zero():
-    from babygpt.compare import mean_interval, outcome_counts, paired_against, verdict
+def test_table_cells_of_seeds_and_outcomes():
+    from babygpt.compare import mean_interval, outcome_counts, pairs_of
 
-    assert [verdict(m, 0.02) for m in (-0.05, 0.05, 0.01)] == ["better", "worse", "no difference measured"]
-    assert verdict(-0.05, math.nan) == "no difference measured"
-    base, var = [2.10, 2.20, 2.15], [2.00, 2.12, 2.04]
-    mean, half = paired_difference(var, base)
-    assert paired_against(var, base) == (f"{mean:+.3f} ± {half:.3f}", "better")
-    # A seed that diverged in either configuration has no pair; one pair is not enough for an interval.
-    assert paired_against([2.0, math.inf, 2.1], [2.1, 2.2, math.inf]) == ("—", "fewer than 2 pairs")
-    # Two pairs give an interval but no verdict, even one that excludes zero (>= 3 seeds for a verdict).
-    var2, base2 = [2.000, 2.101], [2.100, 2.200]
-    mean, half = paired_difference(var2, base2)
-    assert excludes_zero(mean, half)
-    assert paired_against(var2, base2) == (f"{mean:+.3f} ± {half:.3f}", "no difference measured (2 pairs)")
+    # a seed where either configuration diverged has no pair
+    assert pairs_of([2.0, math.inf, 2.1], [2.1, 2.2, math.inf]) == [pytest.approx(-0.1)]
     assert mean_interval([2.0, math.inf]) == "2.000" and mean_interval([math.inf]) == "—"
     assert mean_interval([2.0, 2.2]) == f"2.100 ± {mean_ci([2.0, 2.2])[1]:.3f}"
     rows = [{"status": s} for s in ("finished", "collapsed", "finished", "diverged")]
     assert outcome_counts(rows) == "2 finished, 1 collapsed, 1 diverged" and outcome_counts([]) == "—"
+
+
+# ---------------------------------------------------------------- p-values, Holm, TOST
+
+def test_t_cdf_and_ppf_match_the_table_and_closed_forms():
+    from babygpt.stats import t_cdf, t_ppf
+
+    for df, q in enumerate(T_975, start=1):  # the table's quantiles, to its 3 decimals
+        assert t_ppf(0.975, df) == pytest.approx(q, abs=6e-4)
+        assert t_cdf(q, df) == pytest.approx(0.975, abs=1e-4)  # the table's rounding
+    # df = 1 is the Cauchy distribution, df = 2 has F(t) = 1/2 + t / (2 sqrt(2 + t^2))
+    for t in (-3.0, -0.5, 0.0, 0.7, 4.0):
+        assert t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-12)
+        assert t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-12)
+    assert t_ppf(0.5, 7) == pytest.approx(0.0, abs=1e-9) and t_ppf(0.05, 4) == pytest.approx(-2.131847, abs=1e-5)
+    with pytest.raises(ValueError):
+        t_ppf(1.0, 3)
+
+
+def test_paired_test_p_values_match_their_intervals():
+    from babygpt.stats import PairedTest
+
+    diffs = [0.03, 0.05, 0.02, 0.06, 0.04]
+    test = PairedTest.of(diffs, margin=0.1)
+    mean, half = mean_ci(diffs)
+    assert test.mean == pytest.approx(mean) and test.half_width(0.95) == pytest.approx(half, rel=2e-4)
+    # the 95% interval's edge sits exactly at p = 0.05: shift the data so that it touches zero
+    touching = PairedTest.of([d - (mean - test.half_width(0.95)) for d in diffs], margin=0.1)
+    assert touching.p_difference() == pytest.approx(0.05, abs=1e-9)
+    # TOST at 5% rejects exactly when the 90% interval lies inside (-m, m)
+    lo, hi = test.mean - test.half_width(0.90), test.mean + test.half_width(0.90)
+    assert PairedTest(test.mean, test.se, test.df, hi + 1e-6).p_equivalence() < 0.05
+    assert PairedTest(test.mean, test.se, test.df, hi - 1e-6).p_equivalence() > 0.05
+    assert lo > 0
+    same = PairedTest.of([0.0, 0.0, 0.0], margin=0.01)  # no spread: exactly no difference, exactly equivalent
+    assert same.p_difference() == 1.0 and same.p_equivalence() == 0.0
+    with pytest.raises(ValueError):
+        PairedTest.of([0.1], margin=0.1)
+
+
+def test_holm_adjusts_in_steps_and_keeps_the_order():
+    from babygpt.stats import holm, holm_levels
+
+    p = [0.01, 0.04, 0.03, 0.005]
+    # sorted: 0.005 (x4), 0.01 (x3), 0.03 (x2), 0.04 (x1), each at least the one before
+    assert holm(p) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+    assert holm_levels(p) == pytest.approx([1 - 0.05 / 3, 1 - 0.05 / 1, 1 - 0.05 / 2, 1 - 0.05 / 4])
+    assert holm([]) == [] and holm([0.2]) == [0.2]
+
+
+def test_a_table_draws_better_worse_equivalent_and_inconclusive_together():
+    from babygpt.compare import compare_table, equivalence_margin
+
+    base = [2.10, 2.20, 2.15, 2.12, 2.18]
+    losses = {"base": base,
+              "better": [b - 0.10 + e for b, e in zip(base, [0.00, 0.01, -0.01, 0.005, -0.005])],
+              "same": [b + e for b, e in zip(base, [0.001, -0.001, 0.0, 0.001, -0.001])],
+              "noisy": [b + e for b, e in zip(base, [0.2, -0.1, 0.3, -0.2, 0.1])],
+              "short": [2.0, 2.1, math.inf, math.inf, math.inf]}
+    margin = equivalence_margin(base)
+    assert margin == pytest.approx(statistics.stdev(base))
+    table = compare_table(losses, "base", margin)
+    assert set(table) == {"better", "same", "noisy", "short"}
+    assert table["better"].call() == "better" and table["better"].p_adjusted <= 0.05
+    assert table["same"].call() == f"equivalent within ±{margin:.3f}"
+    assert table["noisy"].call() == "inconclusive"
+    assert table["short"].call() == "inconclusive (2 pairs)" and table["short"].test is not None
+    # three comparisons with enough pairs form the family: the smallest p is tested at 1 - 0.05/3
+    assert sorted(c.level for c in table.values()) == pytest.approx([0.95, 0.95, 1 - 0.05 / 2, 1 - 0.05 / 3])
+    assert table["better"].level == pytest.approx(1 - 0.05 / 3)
+    # what one comparison alone calls better, a family of many may not: Holm widens the bar
+    nearly = [b - 0.012 + e for b, e in zip(base, [0.008, -0.01, 0.005, -0.007, 0.004])]
+    alone = compare_table({"base": base, "x": nearly}, "base", margin)["x"]
+    crowd = {"base": base, "x": nearly, **{f"null{i}": [b + 0.3 * ((i + j) % 3 - 1) for j, b in enumerate(base)]
+                                            for i in range(9)}}
+    assert alone.call() == "better" and 0.005 < alone.p_adjusted <= 0.05
+    assert compare_table(crowd, "base", margin)["x"].call() != "better"
+
+
+def test_a_difference_too_small_to_matter_is_still_reported_when_measured():
+    from babygpt.compare import compare_table
+
+    base = [2.10, 2.20, 2.15, 2.12, 2.18]
+    tiny = [b + 0.002 + e for b, e in zip(base, [0.0001, -0.0001, 0.0, 0.0002, -0.0002])]
+    c = compare_table({"base": base, "tiny": tiny}, "base", margin=0.05)["tiny"]
+    assert c.p_equivalence <= 0.05 and c.call() == "worse"  # measured, and smaller than the margin
+    assert c.adjusted().endswith("(95%)") and c.delta().startswith("+0.002")
