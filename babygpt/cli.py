@@ -104,14 +104,25 @@ def train_main(argv: list[str]) -> int:
         say(f"diverged: non-finite loss at iteration {summary['diverged_at']}; the last good state is in "
             f"{out}/ckpt.pt and {out}/best.pt; see {out}/summary.json", file=sys.stderr)
         return EXIT_DIVERGED
-    best, full, refs = summary["best_val_loss"], summary.get("val_loss_full"), summary.get("references") or {}
-    whole = "" if full is None else f", val loss over the whole split {full:.4f} (unigram {refs['unigram']:.4f})"
+    best, full = summary["best_val_loss"], summary.get("val_loss_full")
+    whole = "" if full is None else f", val loss over the whole split {full:.4f} ({floors_note(summary)})"
     say(f"done: {summary['iter']} iterations, best val loss {'n/a' if best is None else f'{best:.4f}'}{whole}; "
         f"sample with: python sample.py --ckpt {out}/best.pt")
     if status == "collapsed":
         say("collapsed: the model is no better than predicting character frequencies (the unigram loss); "
             "try a lower learning_rate", file=sys.stderr)
     return 0
+
+
+def floors_note(summary: dict) -> str:
+    """"unigram 3.3473, KN 8-gram 1.5195": the collapse line and the strongest n-gram floor of the
+    run's data (babygpt/ngram.py), as its summary recorded them."""
+    from .ngram import label, strongest
+
+    refs = summary.get("references") or {}
+    floors = [("unigram", refs["unigram"])] if "unigram" in refs else []
+    best = strongest(refs)
+    return ", ".join(f"{label(key)} {nats:.4f}" for key, nats in floors + ([best] if best else []))
 
 
 def sample_main(argv: list[str]) -> int:

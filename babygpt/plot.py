@@ -18,6 +18,7 @@ from typing import Optional
 
 from .errors import BabyGPTError
 from .files import output_file_problems
+from .ngram import kn_order, label, strongest
 from .rundir import RunDir, read_record
 from .options import option, parse_into
 
@@ -43,15 +44,37 @@ def diverged_at(run: dict) -> int | None:
     return next((r["diverged_at"] for r in run["metrics"] if r.get("diverged_at")), None)
 
 
-REFERENCE_STYLES = {"unigram": ":", "bigram": "--", "trigram": "-."}
+# Line styles of the reference losses: the unigram (add-one), the Kneser-Ney 5-gram, the strongest
+# Kneser-Ney order (STRONGEST_STYLE), and the add-one bigram and trigram of summaries written before
+# the Kneser-Ney floors.
+REFERENCE_STYLES = {"unigram": ":", "kn5": "--", "bigram": "--", "trigram": "-."}
+STRONGEST_STYLE = "-."
+
+
+def drawn_references(refs: dict) -> list[str]:
+    """The keys of ``refs`` to draw: every key that is not a Kneser-Ney order (the unigram; the
+    bigram and trigram of an old summary), and of the Kneser-Ney orders only the 5-gram and the
+    strongest, so that the plot keeps three grey lines rather than nine."""
+    best = strongest(refs)
+    keep = {"kn5", best[0]} if best else set()
+    return [key for key in refs if kn_order(key) is None or key in keep]
+
+
+def reference_style(key: str) -> str:
+    """The line style of a drawn reference loss (the one Kneser-Ney order drawn besides the 5-gram
+    is the strongest)."""
+    if key in REFERENCE_STYLES:
+        return REFERENCE_STYLES[key]
+    return STRONGEST_STYLE if kn_order(key) is not None else ":"
 
 
 def reference_lines(ax, refs: dict | None, initial: float | None = None) -> None:
-    """Grey horizontal lines at the data's n-gram reference losses (babygpt.references) and, if
-    given, the loss at initialisation; call before ``ax.legend()``."""
-    for name, nats in (refs or {}).items():
-        ax.axhline(nats, color="grey", linestyle=REFERENCE_STYLES.get(name, ":"), linewidth=1,
-                   label=f"{name} {nats:.3f}")
+    """Grey horizontal lines at the data's n-gram reference losses (babygpt.ngram; see
+    drawn_references) and, if given, the loss at initialisation; call before ``ax.legend()``."""
+    refs = refs or {}
+    for key in drawn_references(refs):
+        ax.axhline(refs[key], color="grey", linestyle=reference_style(key), linewidth=1,
+                   label=f"{label(key)} {refs[key]:.3f}")
     if initial is not None:
         ax.axhline(initial, color="black", linestyle=":", linewidth=1, label=f"initial {initial:.3f}")
 

@@ -13,7 +13,7 @@ from .data import BatchSampler
 from .signals import signal_name
 
 # A run that reached max_iters: "collapsed" if its loss over the whole validation split is no
-# better than the data's unigram model (references.py), else "finished".
+# better than the data's unigram model (ngram.py), else "finished".
 COMPLETED = ("finished", "collapsed")
 COUNTERS = ("first_nonfinite", "skipped_steps", "scaler_skipped_steps")  # nested under "counters" in a checkpoint
 PER_RANK = ("sampler", "pending_rng")  # each process's own; see TrainState.rank_state

@@ -28,7 +28,7 @@ from .config import TrainConfig, to_dict, with_resolved_dtype
 from .data import BatchSampler, CharTokenizer, load_dataset
 from .diagnostics import NO_HOOK, LayerDiagnostics, StepHook
 from .model import GPT, GPTConfig, log_partition
-from .references import is_collapsed, references
+from .ngram import data_floors, is_collapsed
 from .rundir import RunDir, owned, run_record
 from .runtime import autocast, check_dtype, dtype_note, resolve_device, uses_grad_scaler
 from .signals import StopSignals
@@ -106,11 +106,12 @@ def full_split_loss(model: nn.Module, data: np.ndarray, cfg: TrainConfig, device
 def final_evaluation(net: nn.Module, splits: dict, vocab_size: int, cfg: TrainConfig, device: torch.device,
                      dist: distributed.Dist) -> dict:
     """summary.json's end-of-run fields: the loss over the whole validation split, with the
-    n-gram reference points of the data beside it (see references.py), and what the loss cost in seconds."""
+    n-gram reference points of the data beside it (see ngram.py; computed once per data, then read
+    from cfg.data_dir/floors.json), and what the loss cost in seconds."""
     started = time.perf_counter()
     loss, targets = full_split_loss(net, splits["val"], cfg, device, dist)
     seconds = round(time.perf_counter() - started, 3)
-    refs = references(splits["train"], splits["val"], vocab_size)
+    refs = data_floors(cfg.data_dir, splits["train"], splits["val"], vocab_size)
     return {"val_loss_full": finite_or_none(loss), "val_targets_full": targets, "val_time_full_s": seconds,
             "references": refs}
 

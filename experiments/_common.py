@@ -197,22 +197,29 @@ def training_time(rows) -> str:
 
 
 def reference_losses(data_dir: str) -> dict:
-    """The data's unigram, bigram and trigram losses (babygpt.references), computed from the data."""
-    from babygpt.references import references
+    """The data's reference losses (babygpt.ngram.floors: the add-one unigram and Kneser-Ney
+    n = 2..8), read from data_dir/floors.json when it was made from these splits."""
+    from babygpt.ngram import data_floors
 
     train, val, tok = load_dataset(data_dir)
-    return references(train, val, tok.vocab_size)
+    return data_floors(data_dir, train, val, tok.vocab_size)
 
 
 def references_section(refs: dict) -> str:
-    """The report's table of reference points, with how they are made and what 'collapsed' means."""
-    from babygpt.references import COLLAPSE_MARGIN
+    """The report's table of reference points, with how they are made, which is the strongest
+    (in bold) and what 'collapsed' means."""
+    from babygpt.ngram import COLLAPSE_MARGIN, label, strongest
 
-    return ("Reference points of the data (cross-entropy of the validation split under add-one smoothed "
-            "n-gram counts of the train split, `python -m babygpt.references`); a run that ends within "
+    best = strongest(refs)
+    cells = [f"**{v:.4f}**" if best and key == best[0] else f"{v:.4f}" for key, v in refs.items()]
+    return ("Reference points of the data: the cross-entropy of the validation split under n-gram models "
+            "whose counts come from the train split (`python -m babygpt.references`). The unigram is "
+            "add-one smoothed character frequencies; the others are interpolated Kneser-Ney models of "
+            "n = 2..8 characters, their discounts chosen on a held-out tenth of the train split, never on "
+            "the validation split; the strongest is in bold. A run that ends within "
             f"{COLLAPSE_MARGIN:g} nats of the unigram loss, or above it, is *collapsed*:\n\n"
             + table_marker("references")
-            + markdown_table([f"{name} (nats)" for name in refs], [[f"{v:.4f}" for v in refs.values()]]))
+            + markdown_table([f"{label(key)} (nats)" for key in refs], [cells]))
 
 
 def table_section(heading: str, intro: str, key: str, table: str) -> str:

@@ -1,52 +1,336 @@
-"""The data's n-gram reference losses, the whole-split final evaluation and the collapsed status."""
+"""The data's n-gram reference losses (babygpt/ngram.py), their cache and command, the whole-split
+final evaluation and the collapsed status."""
 
+import ast
 import collections
 import json
 import math
+import os
+import sys
 
 import numpy as np
 import pytest
 import torch
 from torch.testing import assert_close
 
+from babygpt import ngram
 from babygpt.config import load_config
+from babygpt.data import load_dataset
 from babygpt.model import GPT, GPTConfig
-from babygpt.references import COLLAPSE_MARGIN, is_collapsed, ngram_cross_entropy, references
+from babygpt.ngram import COLLAPSE_MARGIN, is_collapsed
 from babygpt.trainer import full_split_loss, train
-from conftest import TINY_TRAIN_ARGS, prepare_small_data
+from conftest import ROOT, TINY_TRAIN_ARGS, prepare_small_data
 
 
-def counted_cross_entropy(train, val, order, vocab_size):
-    """The add-one smoothed n-gram cross-entropy written plainly with dictionaries."""
-    train, val = train.tolist(), val.tolist()
-    full = collections.Counter(tuple(train[i:i + order]) for i in range(len(train) - order + 1))
-    context = collections.Counter(tuple(train[i:i + order - 1]) for i in range(len(train) - order + 1))
-    losses = []
-    for t in range(2, len(val)):
-        gram = tuple(val[t - order + 1:t + 1])
-        losses.append(-math.log((full[gram] + 1) / (context[gram[:-1]] + vocab_size)))
-    return sum(losses) / len(losses)
+# --- the add-one unigram -----------------------------------------------------------------------
+
+def counted_unigram(train, val, vocab_size):
+    """The add-one unigram cross-entropy of val[2:], written plainly with a Counter."""
+    counts, targets = collections.Counter(train.tolist()), val.tolist()[2:]
+    return sum(-math.log((counts[c] + 1) / (len(train) + vocab_size)) for c in targets) / len(targets)
 
 
-@pytest.mark.parametrize("order", [1, 2, 3])
-@pytest.mark.parametrize("vocab_size", [3, 65, 70000])  # 70000: codes beyond 32 bits at order 3
-def test_ngram_cross_entropy_matches_counting(order, vocab_size):
-    gen = np.random.default_rng(order)
+@pytest.mark.parametrize("vocab_size", [3, 65, 70000])
+def test_unigram_matches_counting(vocab_size):
+    gen = np.random.default_rng(vocab_size)
     train = gen.integers(0, min(vocab_size, 50), 3000) % vocab_size
     val = gen.integers(0, min(vocab_size, 50), 400) % vocab_size
-    train[:200] = val[:200]  # some n-grams seen, some not
-    assert ngram_cross_entropy(train, val, order, vocab_size) == pytest.approx(
-        counted_cross_entropy(train, val, order, vocab_size), rel=1e-12)
+    assert ngram.unigram_cross_entropy(train, val, vocab_size) == pytest.approx(
+        counted_unigram(train, val, vocab_size), rel=1e-12)
 
 
-def test_references_order_and_collapse_rule():
-    text = np.array([0, 1, 2, 0, 1, 2, 0, 1, 1] * 200)
-    refs = references(text[:1500], text[1500:], 3)
-    assert refs["unigram"] > refs["bigram"] > refs["trigram"]
-    assert is_collapsed(refs["unigram"], refs) and is_collapsed(refs["unigram"] + 1, refs)
-    assert not is_collapsed(refs["unigram"] - COLLAPSE_MARGIN - 1e-6, refs)
+def test_collapse_rule():
+    refs = {"unigram": 3.0, "kn5": 1.5}
+    assert is_collapsed(3.0, refs) and is_collapsed(4.0, refs) and is_collapsed(3.0 - COLLAPSE_MARGIN + 1e-6, refs)
+    assert not is_collapsed(3.0 - COLLAPSE_MARGIN - 1e-6, refs)
     assert not is_collapsed(None, refs) and not is_collapsed(math.nan, refs)
 
+
+# --- Kneser-Ney against a plain reference ---------------------------------------------------
+
+class DictKneserNey:
+    """Interpolated Kneser-Ney of order n written plainly: dictionaries of counts and a recursion
+    (Chen & Goodman 1999), to check the vectorised one against."""
+
+    def __init__(self, train, n, discounts, vocab_size):
+        text = [int(c) for c in train]
+        self.n, self.discounts, self.vocab_size = n, discounts, vocab_size
+        grams = lambda k: [tuple(text[i:i + k]) for i in range(len(text) - k + 1)]  # noqa: E731
+        # order n: raw counts c(h c); orders k < n: N1+(. g c), distinct characters seen before g c
+        self.counts = {n: collections.Counter(grams(n))}
+        for k in range(1, n):
+            self.counts[k] = collections.Counter(gram[1:] for gram in set(grams(k + 1)))
+        self.totals, self.followers = {}, {}
+        for k, table in self.counts.items():
+            self.totals[k], self.followers[k] = collections.Counter(), collections.Counter()
+            for gram, count in table.items():
+                self.totals[k][gram[:-1]] += count
+                self.followers[k][gram[:-1]] += 1
+
+    def prob(self, context: tuple, c: int, k: int | None = None) -> float:
+        """P_k(c | the last k - 1 characters of context)."""
+        k = self.n if k is None else k
+        if k == 0:
+            return 1 / self.vocab_size
+        h = tuple(context[len(context) - (k - 1):]) if k > 1 else ()
+        lower = self.prob(context, c, k - 1)
+        total = self.totals[k][h]
+        if total == 0:
+            return lower
+        d = self.discounts[k - 1]
+        return (max(self.counts[k][h + (c,)] - d, 0) + d * self.followers[k][h] * lower) / total
+
+    def cross_entropy(self, val) -> float:
+        val = [int(c) for c in val]
+        return sum(-math.log(self.prob(tuple(val[t - 7:t]), val[t])) for t in range(7, len(val))) / (len(val) - 7)
+
+
+def texts(seed: int, vocab_size: int = 6):
+    """(train, val) with repeated phrases and noise, so that contexts are seen, unseen and shared."""
+    gen = np.random.default_rng(seed)
+    phrase = gen.integers(0, vocab_size - 1, 9)  # the last id is rare: only in the noise
+    pieces = [phrase if gen.random() < 0.6 else gen.integers(0, vocab_size, gen.integers(1, 7)) for _ in range(80)]
+    text = np.concatenate(pieces)
+    return text[:int(len(text) * 0.8)], text[int(len(text) * 0.8):]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_kneser_ney_matches_a_plain_implementation(n, seed):
+    train_ids, val_ids = texts(seed)
+    vocab_size = 7  # one id never occurs at all: only the uniform gives it probability
+    discounts = [0.3, 0.55, 0.8, 0.95][:n]
+    expected = DictKneserNey(train_ids, n, discounts, vocab_size).cross_entropy(val_ids)
+    got = ngram.kn_cross_entropies(train_ids, val_ids, vocab_size, {n: discounts})[n]
+    assert got == pytest.approx(expected, abs=1e-9)
+
+
+def codes_of(grams, vocab_size):
+    return np.array([sum(c * vocab_size ** (len(g) - 1 - i) for i, c in enumerate(g)) for g in grams], dtype=np.int64)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_every_context_has_a_distribution(n):
+    """Sum over the vocabulary of P(c | h) = 1 for contexts seen often, once, and never."""
+    train_ids, _ = texts(2)
+    vocab_size = 7
+    counts = ngram.Counts(train_ids, n, vocab_size)
+    seen = [tuple(int(c) for c in train_ids[i:i + n - 1]) for i in (0, 5, len(train_ids) - n + 1)]
+    contexts = seen + [(6,) * (n - 1), (0, 6, 1, 6)[:n - 1]]  # 6 occurs rarely or never in a row
+    plain = DictKneserNey(train_ids, n, [0.2, 0.7, 0.4, 1.0][:n], vocab_size)
+    for h in contexts:
+        codes = codes_of([h + (c,) for c in range(vocab_size)], vocab_size)
+        p = ngram.probabilities(counts.levels(codes, (n,))[n], plain.discounts, vocab_size, vocab_size)
+        assert p.sum() == pytest.approx(1.0, abs=1e-12) and (p > 0).all()
+        assert_close(p, np.array([plain.prob(h, c) for c in range(vocab_size)]), rtol=1e-12, atol=0)
+
+
+def test_discounts_are_chosen_on_train_alone_and_minimise_the_held_out_loss():
+    train_ids, val_ids = texts(3)
+    chosen = ngram.measure(train_ids, val_ids, 7)
+    other_val = ngram.measure(train_ids, np.roll(val_ids, 11)[:-5], 7)
+    assert chosen["discounts"] == other_val["discounts"] and chosen["floors"] != other_val["floors"]
+    assert ngram.measure(np.roll(train_ids, 40), val_ids, 7)["discounts"] != chosen["discounts"]  # it can tell
+    # The discounts found are a minimum of the held-out loss: nudging any one of them does not help.
+    cut = int(len(train_ids) * 0.9)
+    found = ngram.fit_discounts(train_ids, 7, (4,))[4]
+
+    def held_out(discounts):
+        return ngram.kn_cross_entropies(train_ids[:cut], train_ids[cut:], 7, {4: discounts})[4]
+    best = held_out(found)
+    for j in range(4):
+        for step in (-0.02, 0.02):
+            nudged = list(found)
+            nudged[j] = min(max(nudged[j] + step, 1e-3), 1.0)
+            assert held_out(nudged) >= best - 1e-9
+
+
+def test_floors_keys_order_and_strongest():
+    text = np.array([0, 1, 2, 0, 1, 2, 0, 1, 1, 2, 0, 2] * 200)
+    refs = ngram.floors(text[:2000], text[2000:], 3)
+    assert list(refs) == ["unigram"] + [f"kn{n}" for n in range(2, 9)]
+    assert refs["unigram"] > refs["kn2"] > refs["kn3"]
+    key, nats = ngram.strongest(refs)
+    assert nats == min(v for k, v in refs.items() if k != "unigram") and refs[key] == nats
+    assert ngram.label(key).startswith("KN ") and ngram.label("kn5") == "KN 5-gram" and ngram.label("unigram") == "unigram"
+    assert ngram.strongest({"unigram": 3.3, "bigram": 2.5, "trigram": 2.1}) is None  # a summary from before
+    assert ngram.strongest({"kn2": 2.0, "kn7": 1.5, "kn8": 1.5}) == ("kn7", 1.5)  # a tie: the lower order
+
+
+def test_large_vocabularies_get_the_orders_whose_codes_fit():
+    assert ngram.highest_order(65) == 8 and ngram.highest_order(234) == 8 and ngram.highest_order(235) == 7
+    assert ngram.kn_orders(70000) == (2, 3)
+    with pytest.raises(ValueError, match="do not fit 64 bits"):
+        ngram.gram_codes(np.arange(10), 4, 70000, 3)
+    gen = np.random.default_rng(0)
+    refs = ngram.floors(gen.integers(0, 70000, 500), gen.integers(0, 70000, 100), 70000)
+    assert list(refs) == ["unigram", "kn2", "kn3"] and all(math.isfinite(v) for v in refs.values())
+
+
+def test_too_little_data_still_gives_finite_floors():
+    refs = ngram.floors(np.array([0, 1, 2, 1, 0, 1, 2, 1, 0]), np.array([0, 1, 2, 1, 0, 3, 2, 1, 0, 1]), 4)
+    assert all(math.isfinite(v) for v in refs.values()) and "kn8" in refs
+    assert list(ngram.floors(np.array([0, 1, 2, 1]), np.array([0, 1, 2]), 3)) == ["unigram"]  # no 8th character
+
+
+# --- the cache ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return prepare_small_data(tmp_path_factory.mktemp("refs"))
+
+
+@pytest.fixture
+def fresh_data(data_dir, tmp_path):
+    """A copy of the prepared small data that a test may change."""
+    import shutil
+
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy, ignore=shutil.ignore_patterns(ngram.FLOORS_FILE))
+    return str(copy)
+
+
+def floors_of(data_dir):
+    train_ids, val_ids, tok = load_dataset(data_dir)
+    return ngram.load_or_measure(data_dir, train_ids, val_ids, tok.vocab_size)
+
+
+def test_floors_are_cached_beside_the_data_and_recomputed_when_it_changes(fresh_data, monkeypatch):
+    record, cached = floors_of(fresh_data)
+    path = os.path.join(fresh_data, ngram.FLOORS_FILE)
+    assert not cached and os.path.isfile(path)
+    with open(path) as f:
+        assert json.load(f)["floors"] == record["floors"]
+    train_ids, val_ids, tok = load_dataset(fresh_data)
+    assert record["floors"] == ngram.floors(train_ids, val_ids, tok.vocab_size)
+
+    def no_measuring(*args):
+        raise AssertionError("measured again")
+    with monkeypatch.context() as m:  # a second look reads the file and computes nothing
+        m.setattr(ngram, "measure", no_measuring)
+        again, cached = floors_of(fresh_data)
+        assert cached and again == record
+        train_ids, val_ids, tok = load_dataset(fresh_data)
+        assert ngram.data_floors(fresh_data, train_ids, val_ids, tok.vocab_size) == record["floors"]
+    # A changed val.bin (the same size, one character another) makes the cache stale.
+    val_path = os.path.join(fresh_data, "val.bin")
+    ids = np.fromfile(val_path, dtype=np.uint16)
+    ids[10] = (ids[10] + 1) % tok.vocab_size
+    ids.tofile(val_path)
+    changed, cached = floors_of(fresh_data)
+    assert not cached and changed["key"]["val.bin"] != record["key"]["val.bin"]
+    assert changed["key"]["train.bin"] == record["key"]["train.bin"]
+    assert floors_of(fresh_data)[1]  # and the new one is cached in turn
+
+
+@pytest.mark.parametrize("damage", ["{not json", "", '{"key": 1}', "[]", "null"])
+def test_a_damaged_cache_is_recomputed(fresh_data, damage):
+    record, _ = floors_of(fresh_data)
+    path = os.path.join(fresh_data, ngram.FLOORS_FILE)
+    with open(path, "w") as f:
+        f.write(damage)
+    again, cached = floors_of(fresh_data)
+    assert not cached and again["floors"] == record["floors"]
+    assert floors_of(fresh_data)[1]
+
+
+def test_a_cache_that_cannot_be_written_is_skipped(fresh_data, monkeypatch):
+    from babygpt.errors import BabyGPTError
+
+    def read_only(path, data):
+        raise BabyGPTError(f"writing '{path}' failed: Read-only file system")
+    monkeypatch.setattr(ngram, "write_atomic", read_only)
+    record, cached = floors_of(fresh_data)
+    assert not cached and "kn8" in record["floors"]
+    assert not os.path.exists(os.path.join(fresh_data, ngram.FLOORS_FILE))
+
+
+# --- the command, the plots and the reports -----------------------------------------------------
+
+def test_references_command_prints_every_floor_and_the_strongest(fresh_data, capsys):
+    from babygpt import references
+
+    for cached in (False, True):
+        assert references.main([f"--data_dir={fresh_data}"]) == 0
+        out = capsys.readouterr().out
+        record, _ = floors_of(fresh_data)
+        printed = {line.split()[0]: float(line.split()[1]) for line in out.splitlines()[:len(record["floors"])]}
+        assert printed == record["floors"] and list(printed) == ["unigram"] + [f"kn{n}" for n in range(2, 9)]
+        key, nats = ngram.strongest(record["floors"])
+        assert f"strongest: {ngram.label(key)}, {nats:.4f} nats" in out
+        assert ("read from" in out) == cached and ("computed in" in out) != cached
+
+
+def test_plots_draw_the_unigram_the_5_gram_and_the_strongest():
+    from babygpt.plot import new_figure, reference_lines
+
+    refs = {"unigram": 3.3473, "kn2": 2.48, "kn3": 2.04, "kn4": 1.72, "kn5": 1.5634, "kn6": 1.53, "kn7": 1.5196,
+            "kn8": 1.5195}
+    fig, ax = new_figure()
+    reference_lines(ax, refs)
+    drawn = {line.get_label(): (line.get_ydata()[0], line.get_linestyle()) for line in ax.get_lines()}
+    assert drawn == {"unigram 3.347": (3.3473, ":"), "KN 5-gram 1.563": (1.5634, "--"),
+                     "KN 8-gram 1.520": (1.5195, "-.")}
+    fig, ax = new_figure()
+    reference_lines(ax, {"unigram": 3.3473, "kn5": 1.5634})  # the 5-gram is the strongest: one line for both
+    assert [line.get_label() for line in ax.get_lines()] == ["unigram 3.347", "KN 5-gram 1.563"]
+
+
+def test_report_table_lists_every_floor_and_marks_the_strongest(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import _common
+
+    refs = {"unigram": 3.3473, "kn2": 2.4836, "kn5": 1.5634, "kn8": 1.5195}
+    text = _common.references_section(refs)
+    lines = text.splitlines()
+    at = lines.index("<!-- table: references -->")
+    assert lines[at + 1] == "| unigram (nats) | KN 2-gram (nats) | KN 5-gram (nats) | KN 8-gram (nats) |"
+    assert lines[at + 3] == "| 3.3473 | 2.4836 | 1.5634 | **1.5195** |"
+    assert "Kneser-Ney" in text and "held-out tenth of the train split" in text and "never on" in text
+    old = _common.references_section({"unigram": 3.3473, "bigram": 2.4819, "trigram": 2.0684})
+    assert "| 3.3473 | 2.4819 | 2.0684 |" in old
+
+
+# --- no import circle ----------------------------------------------------------------------------
+
+def imports_of(path: str, modules: set) -> set:
+    """The babygpt modules a module imports anywhere in it (at the top or inside a function)."""
+    found = set()
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.ImportFrom) and (node.level == 1 or (node.module or "").startswith("babygpt")):
+            parts = (node.module or "").split(".")
+            named = parts[1] if node.level == 0 and len(parts) > 1 else parts[0] if node.level == 1 else ""
+            found |= {named} if named else {alias.name for alias in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[1] for alias in node.names if alias.name.startswith("babygpt.")}
+    return found & modules
+
+
+def test_no_module_of_the_package_imports_itself_round_a_circle():
+    package = os.path.join(ROOT, "babygpt")
+    modules = {name[:-3] for name in os.listdir(package) if name.endswith(".py")}
+    graph = {m: imports_of(os.path.join(package, m + ".py"), modules) for m in modules}
+    assert "trainer" in graph["cli"] and "ngram" in graph["trainer"] and "cli" in graph["references"]
+    assert not any("references" in deps for deps in graph.values())  # the command only
+    for start in modules:
+        reached, todo = set(), [start]
+        while todo:
+            for dep in graph[todo.pop()] - reached:
+                reached.add(dep)
+                todo.append(dep)
+        assert start not in reached, f"{start} imports itself through {sorted(reached)}"
+
+
+def test_ngram_needs_only_numpy():
+    """babygpt/ngram.py imports numpy, the standard library and two small modules, never torch."""
+    tree = ast.parse(open(os.path.join(ROOT, "babygpt", "ngram.py"), encoding="utf-8").read())
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    names |= {("." * node.level) + (node.module or "") for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    third_party = {name for name in names if name.split(".")[0] not in sys.stdlib_module_names and name[0] != "."}
+    assert third_party == {"numpy"} and {name for name in names if name[0] == "."} == {".errors", ".files"}
+
+
+# --- the final evaluation --------------------------------------------------------------------------
 
 def test_full_split_loss_scores_every_target_once():
     torch.manual_seed(0)
@@ -64,32 +348,17 @@ def test_full_split_loss_scores_every_target_once():
         assert_close(loss, expected, rtol=1e-5, atol=0)
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return prepare_small_data(tmp_path_factory.mktemp("refs"))
-
-
 @pytest.mark.slow
-def test_summary_reports_whole_split_loss_references_and_collapse(data_dir, tmp_path):
-    base = [f"--data_dir={data_dir}", *TINY_TRAIN_ARGS, "--max_iters=30"]
+def test_summary_reports_whole_split_loss_references_and_collapse(fresh_data, tmp_path):
+    base = [f"--data_dir={fresh_data}", *TINY_TRAIN_ARGS, "--max_iters=30"]
     trained = train(load_config([*base, f"--out_dir={tmp_path / 'a'}"]))
     assert trained["status"] == "finished" and trained["val_targets_full"] > 0 and trained["val_time_full_s"] > 0
     refs = trained["references"]
-    assert refs["unigram"] > refs["bigram"] > refs["trigram"]
+    assert refs == floors_of(fresh_data)[0]["floors"] and floors_of(fresh_data)[1]  # and cached by the run
+    assert refs["unigram"] > refs["kn2"] > refs["kn3"] and ngram.strongest(refs)
     assert trained["val_loss_full"] < refs["unigram"] - COLLAPSE_MARGIN
     # Barely moved from its initialisation: no better than character frequencies.
     stuck = train(load_config([*base, "--learning_rate=1e-7", "--min_lr=0", f"--out_dir={tmp_path / 'b'}"]))
     assert stuck["status"] == "collapsed" and stuck["val_loss_full"] >= refs["unigram"] - COLLAPSE_MARGIN
     with open(tmp_path / "b" / "summary.json") as f:
         assert json.load(f)["status"] == "collapsed"
-
-
-def test_references_command_prints_the_three_losses(data_dir, capsys):
-    from babygpt import references as module
-    from babygpt.data import load_dataset
-
-    assert module.main([f"--data_dir={data_dir}"]) == 0
-    train, val, tok = load_dataset(data_dir)
-    expected = references(train, val, tok.vocab_size)
-    printed = dict(line.split()[:2] for line in capsys.readouterr().out.splitlines())
-    assert {k: float(v) for k, v in printed.items()} == expected
