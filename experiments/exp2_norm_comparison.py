@@ -183,7 +183,7 @@ def main(argv):
 def train(args, plan: Plan, tuned_from: str) -> Outcome:
     """The LR search on the tuning seeds (unless --full, which reads the tuned LRs), then the
     evaluation seeds there and the baseline's at its runner-up LR."""
-    record = read_tuned(tuned_from, plan.configs) if not plan.lrs else None
+    record = read_record(tuned_from, plan.configs) if not plan.lrs else None
     first = [r for by_lr in plan.tuning({n: plan.lrs for n in plan.configs}).values() for rs in by_lr.values()
              for r in rs] if plan.lrs else []
     known = first or [r for rs in plan.seed_runs(record["tuned"]).values() for r in rs]  # known before training
@@ -292,8 +292,8 @@ def sensitivity(grid: list, means: dict, initial: float, trained: bool) -> float
     return lr_sensitivity({lr: means[lr] for lr in grid if lr in means}, initial)
 
 
-def read_tuned(path: str, configs: dict) -> dict:
-    """The tuned (and runner-up) LR of each configuration from a default-tier output directory."""
+def read_record(path: str, configs: dict) -> dict:
+    """{"tuned": {name: LR}, "second": {name: runner-up LR}} from a default-tier output directory."""
     record = read_json(os.path.join(path, TUNED_FILE))
     if record is None:
         raise BabyGPTError(f"no {TUNED_FILE} in '{path}'; run the default tier first "
@@ -306,6 +306,11 @@ def read_tuned(path: str, configs: dict) -> dict:
     second = record.get("second") if isinstance(record.get("second"), dict) else {}
     return {"tuned": {name: tuned[name] for name in configs},
             "second": {name: second.get(name) for name in configs if isinstance(second.get(name), (int, float))}}
+
+
+def read_tuned(path: str, configs: dict) -> dict:
+    """The tuned LR of each configuration from a default-tier output directory (None: all diverged)."""
+    return read_record(path, configs)["tuned"]
 
 
 # ---------------------------------------------------------------- tables
