@@ -12,8 +12,11 @@ and the table; everything between the two marker lines is generated:
     | configuration | ... |
     <!-- end generated -->
 
-    python -m babygpt.doctables            rewrite the blocks of README.md and docs/results.md
-    python -m babygpt.doctables --check    exit 1, naming each block that differs from its report
+    python -m babygpt.doctables            rewrite the blocks of README.md, docs/results.md and the lessons
+    python -m babygpt.doctables --check    exit 1, naming each block that differs from its report, and
+                                           each result figure of README.md, docs/*.md and
+                                           docs/learn/*.md that no committed result file holds
+                                           (file:line and the figure; the rule is in docfigures.py)
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import re
 import sys
 from dataclasses import dataclass
 
+from .docfigures import Sources, unsourced_in_file
 from .errors import BabyGPTError
 from .files import write_atomic
 from .options import option, parse_into
@@ -32,6 +36,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The README, the results and the lessons of the learning path (docs/learn/NN-*.md).
 DOCUMENTS = ("README.md", os.path.join("docs", "results.md"),
              *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "learn", "[0-9][0-9]-*.md"))))
+# Every markdown page whose figures must have a source (docfigures.py): the above, and the other docs.
+FIGURE_DOCUMENTS = ("README.md",
+                    *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))),
+                    *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "learn", "*.md"))))
 BLOCK = re.compile(r"(<!-- generated: (?P<source>[^#\s]+)#(?P<key>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)",
                    re.DOTALL)
 
@@ -84,9 +92,28 @@ def stale_blocks(path: str, root: str | None = None) -> list[str]:
 class DocTablesOptions:
     """python -m babygpt.doctables's command line."""
 
-    files: list[str] = option([], "markdown files (none: README.md, docs/results.md, docs/learn/NN-*.md)", positional=True,
+    files: list[str] = option([], "markdown files (none: README.md, docs/results.md and docs/learn/NN-*.md for the "
+                                 "tables; README.md, docs/*.md and docs/learn/*.md for the figures)", positional=True,
                               metavar="FILE...")
-    check: bool = option(False, "change nothing; exit 1 if a block differs from its report")
+    check: bool = option(False, "change nothing; exit 1 if a block differs from its report or a figure "
+                                "has no committed source")
+
+
+def check(table_paths: list[str], figure_paths: list[str]) -> int:
+    """--check: print each stale block and each unsourced figure to stderr; 1 if there is any."""
+    stale = [s for p in table_paths for s in stale_blocks(p)]
+    for s in stale:
+        print(f"stale: {s}", file=sys.stderr)
+    if stale:
+        print("run python -m babygpt.doctables to regenerate them", file=sys.stderr)
+    sources = Sources(ROOT)
+    figures = [f for p in figure_paths for f in unsourced_in_file(p, ROOT, sources)]
+    for f in figures:
+        print(f"unsourced: {f}", file=sys.stderr)
+    if figures:
+        print("give each figure its committed source (a generated table, or a <!-- source: results/... --> "
+              "marker after its sentence), or reword or drop it; see babygpt/docfigures.py", file=sys.stderr)
+    return 1 if stale or figures else 0
 
 
 def main(argv: list[str]) -> int:
@@ -98,12 +125,7 @@ def main(argv: list[str]) -> int:
         raise BabyGPTError(*[f"no markdown file '{p}'; pass the files to update (default: README.md, "
                              f"docs/results.md and the lessons in docs/learn/ of the repository)" for p in missing])
     if args.check:
-        stale = [s for p in paths for s in stale_blocks(p)]
-        for s in stale:
-            print(f"stale: {s}", file=sys.stderr)
-        if stale:
-            print("run python -m babygpt.doctables to regenerate them", file=sys.stderr)
-        return 1 if stale else 0
+        return check(paths, args.files or [os.path.join(ROOT, d) for d in FIGURE_DOCUMENTS])
     for path in paths:
         with open(path, encoding="utf-8") as f:
             text = f.read()

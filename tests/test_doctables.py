@@ -1,11 +1,11 @@
-"""The README's and docs' result tables are generated from the reports, and cannot drift from them."""
+"""The README's and docs' result tables are generated from the reports, and cannot drift from them;
+every other result figure in them has a committed source (docfigures.py)."""
 
 import os
-import re
 
 import pytest
 
-from babygpt import doctables
+from babygpt import docfigures, doctables
 from babygpt.errors import BabyGPTError
 from conftest import ROOT
 
@@ -70,15 +70,120 @@ def test_committed_documents_match_the_committed_reports(name):
     assert doctables.stale_blocks(path) == [], "run python -m babygpt.doctables"
 
 
-def test_every_figure_in_the_readme_results_comes_from_a_generated_table():
-    """The prose of the README's results section may only repeat figures (numbers with a decimal
-    point) that its generated tables show, so a rerun that changes a figure fails here."""
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        text = f.read()
-    section = text[text.index("## Headline results"):]
-    section = section[:section.index("\n## ", 1)]
-    tables = "".join(m.group("body") for m in doctables.blocks(section))
-    prose = doctables.BLOCK.sub("", section)
-    figures = set(re.findall(r"(?<![\w.])\d+\.\d+", prose))
-    shown = set(re.findall(r"(?<![\w.])\d+\.\d+", tables))
-    assert tables and figures <= shown, f"figures in the prose but in no generated table: {sorted(figures - shown)}"
+# ---- Every figure has a source --------------------------------------------------------------
+
+SOURCE_REPORT = """# exp
+
+| configuration | val loss | share |
+|---|---|---|
+| a | 2.2171 | 0.849 |
+
+12 runs, 2171 s of training; eval 38.4% of rows.
+"""
+
+
+@pytest.fixture
+def results(tmp_path):
+    """A repository root (not a git work tree: every file counts as committed) with one experiment."""
+    (tmp_path / "results" / "exp").mkdir(parents=True)
+    (tmp_path / "results" / "exp" / "report.md").write_text(SOURCE_REPORT)
+    (tmp_path / "results" / "exp" / "results.csv").write_text("name,wall_time_s,tokens_per_s\na,392.4,27123.5\n")
+    return tmp_path
+
+
+def findings(root, body: str) -> list[str]:
+    """The unsourced findings of a page whose one section names results/exp and holds ``body``."""
+    text = f"# Page\n\nFrom [the report](results/exp/report.md).\n\n{body}\n"
+    return docfigures.unsourced(text, docfigures.Sources(str(root)), "page.md")
+
+
+def figures(text: str) -> list[str]:
+    return [f.text for f in docfigures.find_figures(docfigures.checked_text(text))]
+
+
+def test_what_counts_as_a_result_figure():
+    assert figures("losses 1.6214 and 0.064 ± 0.040, a slope of −0.72, 1.95e-05 per element") == \
+        ["1.6214", "0.064", "0.040", "−0.72", "1.95e-05"]
+    assert figures("38.4% of rows, 66–99% saturated, took 392 s, 3 min 18 s, 2.9–4.9 s, ≈ 27k tokens/s") == \
+        ["38.4%", "66", "99%", "392 s", "3 min 18 s", "2.9", "4.9 s", "27k tokens/s"]
+    not_figures = ("lr 3e-3 and 1e-2, 4 layers, 2,400 iterations, weight decay 0.1, alpha 0.5, torch 2.13.0, "
+                   "Zhu et al. 2025 (arXiv:2503.10622), N(0, 0.02) weights, a 95% CI, [a link](../x/1.25.md)")
+    assert figures(not_figures) == []
+    assert figures("| config | train tokens/s | ms/iter | loss |\n|---|---|---|---|\n| a | 23,716 | 86.4 | 2.5 |\n") \
+        == ["23,716", "86.4"]  # a column whose header names a rate or a time
+
+
+def test_a_figure_is_found_in_the_results_its_section_names_and_rounded_to_its_precision(results):
+    assert findings(results, "It ends at 2.2171 after 392 s, 6 min 32 s in all, at 27k tokens/s.") == []
+    assert findings(results, "Rounded: 2.217, 2.22, 85% saturated, 38.4% of rows.") == []
+    assert findings(results, "It ends at 2.2181.") == \
+        ["page.md:5: 2.2181: not in the results its section names (results/exp)"]
+    source_too_coarse = findings(results, "Within 0.8490 of it.")  # the source shows 0.849, not 0.8490
+    assert source_too_coarse == ["page.md:5: 0.8490: not in the results its section names (results/exp)"]
+    nowhere = docfigures.unsourced("# Page\n\nIt ends at 2.2171.\n", docfigures.Sources(str(results)), "p.md")
+    assert nowhere == ["p.md:3: 2.2171: no source: its section names no results/ directory "
+                       "(add a <!-- source: ... --> marker)"]
+
+
+def test_code_blocks_and_generated_tables_are_not_checked(results):
+    body = ("```\nstep 400 | val 9.8765\n```\n\n    indented 9.8765\n\n"
+            "<!-- generated: results/exp/report.md#t -->\n| 9.8765 |\n<!-- end generated -->\n")
+    assert findings(results, body) == []
+    assert findings(results, "The log line `val 9.8765` is prose.") == \
+        ["page.md:5: 9.8765: not in the results its section names (results/exp)"]
+
+
+def test_a_marker_excuses_or_names_the_source_of_the_sentence_or_block_it_follows(results):
+    assert findings(results, "Kim et al. report 1.2345. <!-- source: paper --> Ours is 2.2171.") == []
+    assert findings(results, "We get 1.2345. <!-- source: paper --> Ours is 9.9999.") == \
+        ["page.md:5: 9.9999: not in the results its section names (results/exp)"]  # only the sentence before
+    assert findings(results, "A 0.935 factor and 0.996, <!-- source: math: sqrt(7/8) --> all told.") == []
+    table = "| a | b |\n|---|---|\n| 1.2345 | 5.4321 |\n<!-- source: paper: Table 2 -->\n"
+    assert findings(results, table) == []  # a marker on its own line covers the block above it
+    # A path narrows the search to that file: 2.2171 is in report.md, 392 s is not.
+    assert findings(results, "It took 392 s. <!-- source: results/exp/results.csv -->") == []
+    assert findings(results, "It ends at 2.2171. <!-- source: results/exp/results.csv -->") == \
+        ["page.md:5: 2.2171: not in results/exp/results.csv"]
+
+
+def test_a_markers_paths_serve_its_own_scope_only(results):
+    (results / "results" / "other").mkdir()
+    (results / "results" / "other" / "report.md").write_text("7.7777\n")
+    body = "Elsewhere 7.7777. <!-- source: results/other/report.md --> Here 7.7777 again."
+    assert findings(results, body) == ["page.md:5: 7.7777: not in the results its section names (results/exp)"]
+
+
+def test_bad_markers_are_errors(results):
+    missing = findings(results, "It ends at 1.6214. <!-- source: results/default_run/summary.json -->")
+    assert missing == ["page.md:5: source results/default_run/summary.json is not a committed file "
+                       "(commit it, or point the marker at the file that holds the figures)"]
+    assert "unknown source 'papers'" in findings(results, "It is 1.2345. <!-- source: papers -->")[0]
+    assert findings(results, "No figure here. <!-- source: paper -->") == \
+        ["page.md:5: source marker covers no result figure: move it after the sentence or block that "
+         "holds the figures, or remove it"]
+    assert findings(results, "The syntax is `<!-- source: nowhere -->`, quoted as code.") == []
+
+
+def test_check_names_each_unsourced_figure_with_its_line(results, monkeypatch, capsys):
+    page = results / "page.md"
+    page.write_text("# Page\n\n[report](results/exp/report.md)\n\nIt ends at 2.2171,\nthen at 3.1416.\n")
+    monkeypatch.setattr(doctables, "ROOT", str(results))
+    assert doctables.main(["--check", str(page)]) == 1
+    assert "unsourced: page.md:6: 3.1416: not in the results its section names (results/exp)" in capsys.readouterr().err
+    page.write_text("# Page\n\n[report](results/exp/report.md)\n\nIt ends at 2.2171.\n")
+    assert doctables.main(["--check", str(page)]) == 0
+
+
+def test_committed_files_are_what_git_tracks():
+    committed = docfigures.committed_files(ROOT)
+    assert "results/exp2_norm_comparison/report.md" in committed
+    assert not any(p.startswith(("results/quick/", "out/")) for p in committed)
+
+
+SOURCES = docfigures.Sources(ROOT)  # the repository's committed results, read once for every document
+
+
+@pytest.mark.parametrize("name", doctables.FIGURE_DOCUMENTS)
+def test_every_result_figure_of_the_committed_documents_has_a_committed_source(name):
+    """Run python -m babygpt.doctables --check to see these with the rule's hint."""
+    assert docfigures.unsourced_in_file(os.path.join(ROOT, name), ROOT, SOURCES) == []
