@@ -269,6 +269,55 @@ def command_line() -> str:
     return " ".join(["python", os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
 
 
+@dataclass
+class Experiment:
+    """One invocation of an experiment script (``begin``): its options, tier, output directory and
+    start time, with the steps every experiment takes with them."""
+
+    name: str
+    args: Options
+    tier: str
+    out: str
+    started: float
+
+    def budget(self, extra: dict | None = None) -> dict:
+        """The tier's training budget with the experiment's own ``extra`` keys."""
+        return {**TIERS[self.tier], **(extra or {})}
+
+    def budget_line(self, extra: dict | None = None, leave_out=()) -> str:
+        """The report's first words: the tier and its budget per run, less the keys ``leave_out``
+        (those the experiment's runs set themselves)."""
+        budget = {k: v for k, v in self.budget(extra).items() if k not in leave_out}
+        return f"Tier `{self.tier}`. Budget per run: {budget or 'train.py defaults'}"
+
+    def claim(self, sweep=None) -> str:
+        """Make the output directory this experiment's (``claim``) and return it."""
+        return claim(self.out, self.args, self.name, sweep)
+
+    def sweep(self, runs: list, extra: dict | None = None, out: str | None = None) -> Sweep:
+        """A sweep of ``runs`` in ``out`` (the output directory unless given) with the tier's budget,
+        ``extra`` and --set (``budget_args``)."""
+        return sweep(out or self.out, runs, budget_args(self.args, extra, runs), self.args)
+
+    def train(self, runs: list, extra: dict | None = None, last: bool = True) -> tuple[Sweep, dict]:
+        """Claim the output directory for the sweep of ``runs`` and run it: the sweep and its rows
+        by run name (``finished_rows``, whose ``last`` this passes on)."""
+        runs_sweep = self.sweep(runs, extra)
+        self.claim(runs_sweep)
+        return runs_sweep, finished_rows(runs_sweep, last)
+
+    def write_report(self, title: str, body: str) -> None:
+        """report.md in the output directory, with this command line and wall time."""
+        write_report(os.path.join(self.out, "report.md"), title, command_line(), body, self.started)
+
+
+def begin(cls, argv: list[str], name: str, doc: str) -> Experiment:
+    """The experiment ``name`` as ``argv`` asks for it (options dataclass ``cls``: ``parse``), its
+    clock started; nothing is written yet."""
+    args = parse(cls, argv, name, doc)
+    return Experiment(name, args, tier(args), output_path(args, name), time.time())
+
+
 def main(fn) -> None:
     """Run an experiment's ``fn(argv)`` as a command: errors as one line each (exit 2), SIGINT and
     SIGTERM as exit 130 and 143 (a sweep first lets its running train.py checkpoint)."""

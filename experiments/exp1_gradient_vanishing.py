@@ -14,7 +14,6 @@ Writes gradient_vanishing.csv, gradient_vanishing.png and report.md.
 import csv
 import os
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -64,9 +63,8 @@ def measure(depth: int, width: int, batch: int, norm: str, activation: str, seed
 
 
 def main(argv):
-    args = _common.parse(Exp1Options, argv, "exp1_gradient_vanishing", __doc__)
-    started = time.time()
-    out = _common.claim(_common.output_path(args, "exp1_gradient_vanishing"), args, "exp1_gradient_vanishing")
+    exp = _common.begin(Exp1Options, argv, "exp1_gradient_vanishing", __doc__)
+    args, out = exp.args, exp.claim()
     width, batch, seeds = (64, 64, 2) if args.quick else (256, 1024, 10)
 
     results = {}
@@ -103,8 +101,7 @@ def main(argv):
             f"PyTorch default Linear init.\n\n" + _common.markdown_table(header, rows) + "\n\n" +
             "Gradient norm, first layer / last layer: " +
             ", ".join(f"{n} {ratio[n]:.2g}" for n in NORMS) + "\n\n![](gradient_vanishing.png)")
-    _common.write_report(os.path.join(out, "report.md"), "Gradient vanishing in a plain deep network",
-                         _common.command_line(), body, started)
+    exp.write_report("Gradient vanishing in a plain deep network", body)
     return 0
 
 

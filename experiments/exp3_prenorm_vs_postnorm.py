@@ -30,7 +30,6 @@ init, placement, depth and warmup, and the whole map).
 """
 
 import os
-import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -258,28 +257,26 @@ def train_extending(grid: Grid, runs: dict, sweep_of, args) -> tuple[dict, dict]
 
 
 def main(argv):
-    args = _common.parse(Exp3Options, argv, "exp3_prenorm_vs_postnorm", __doc__)
-    started = time.time()
-    out = _common.output_path(args, "exp3_prenorm_vs_postnorm")
+    exp = _common.begin(Exp3Options, argv, "exp3_prenorm_vs_postnorm", __doc__)
+    args, tier = exp.args, exp.tier
+
+    def sweep_of(rs):  # an extension round's runs set the keys the first round's set: the same base args
+        return exp.sweep(rs, BUDGETS[tier])
+
     grid = Grid.of(args)
     runs = cell_runs(grid, args.norm_type)
-    every_run = [r for seeds in runs.values() for r in seeds]
-    base_args = _common.budget_args(args, BUDGETS[_common.tier(args)], runs=every_run)
-    sweep = _common.sweep(out, every_run, base_args, args)
-    _common.claim(out, args, "exp3_prenorm_vs_postnorm", sweep)
-    runs, rows = train_extending(grid, runs, lambda rs: _common.sweep(out, rs, base_args, args), args)
-    plot_map(grid, runs, rows, os.path.join(out, "stability_map.png"))
+    exp.claim(sweep_of([r for seeds in runs.values() for r in seeds]))
+    runs, rows = train_extending(grid, runs, sweep_of, args)
+    plot_map(grid, runs, rows, os.path.join(exp.out, "stability_map.png"))
 
-    budget = {**_common.TIERS[_common.tier(args)], **BUDGETS[_common.tier(args)]}
-    budget = {k: v for k, v in budget.items() if k not in ("n_layer", "warmup_iters")}
-    body = (f"Tier `{_common.tier(args)}`. Budget per run: {budget or 'train.py defaults'}; n_layer, warmup_iters, "
+    body = (f"{exp.budget_line(BUDGETS[tier], leave_out=('n_layer', 'warmup_iters'))}; n_layer, warmup_iters, "
             f"init and learning_rate as listed, constant after warmup (min_lr = learning_rate); norm_type "
             f"{args.norm_type}; seeds {', '.join(map(str, grid.seeds))}. "
             f"{_common.training_time(rows.values())}.\n\n"
             + _common.table_section("Largest stable learning rate", "The largest LR tried at which every seed "
                                     "finished without collapsing or diverging. A row whose answer was at an edge of "
                                     f"the grid {', '.join(f'{lr:g}' for lr in grid.lrs)} was extended a half-decade at "
-                                    f"a time (at most {EXTENSIONS[_common.tier(args)]} a side); *grid edge* marks one "
+                                    f"a time (at most {EXTENSIONS[tier]} a side); *grid edge* marks one "
                                     "still there.", "stable_lr",
                                     stable_lr_table(grid, runs, rows))
             + _common.table_section("The map", "Each seed's final loss over the whole validation split, or C "
@@ -287,8 +284,7 @@ def main(argv):
                                     map_table(grid, runs, rows))
             + _common.references_section(_common.reference_losses(args.data_dir))
             + "\n\n![](stability_map.png)")
-    _common.write_report(os.path.join(out, "report.md"), "Stability maps: placement x LR x warmup x depth x init",
-                         _common.command_line(), body, started)
+    exp.write_report("Stability maps: placement x LR x warmup x depth x init", body)
     return 0
 
 

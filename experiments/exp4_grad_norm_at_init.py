@@ -23,7 +23,6 @@ Writes grad_norm_at_init.csv, grad_norm_at_init.png, amplification.png and repor
 import csv
 import math
 import os
-import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -154,13 +153,13 @@ def plot_amplification(change: dict, inits, placements, depths, path: str) -> No
 
 
 def main(argv):
-    args = _common.parse(Exp4Options, argv, "exp4_grad_norm_at_init", __doc__)
+    exp = _common.begin(Exp4Options, argv, "exp4_grad_norm_at_init", __doc__)
+    args = exp.args
     placements, inits = args.placements.split(","), args.inits.split(",")
     depths = sorted({int(d) for d in (args.depths or ("2,4" if args.quick else "2,4,6,12,24")).split(",")})
-    started = time.time()
-    out = _common.claim(_common.output_path(args, "exp4_grad_norm_at_init"), args, "exp4_grad_norm_at_init")
+    out = exp.claim()
     train, _, tok = load_dataset(args.data_dir)
-    shape = SHAPES[_common.tier(args)]
+    shape = SHAPES[exp.tier]
     probe_idx = BatchSampler(train, shape.block_size, shape.batch_size, seed=4321).next_batch()[0]  # (B, T)
 
     norms, change = {}, {}
@@ -213,8 +212,7 @@ def main(argv):
                 _common.markdown_table(["init", "placement", *(f"N={d}" for d in depths)]
                                        + ([f"N={deepest} / N={depths[0]}"] if slope else []), amp))
             + "![](amplification.png)")
-    _common.write_report(os.path.join(out, "report.md"), "Gradient norms and amplification at initialisation",
-                         _common.command_line(), body, started)
+    exp.write_report("Gradient norms and amplification at initialisation", body)
     return 0
 
 

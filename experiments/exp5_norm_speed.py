@@ -12,7 +12,6 @@ norm_speed_cuda.png on a GPU) and report.md, which holds the measurements (docs/
 import csv
 import os
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -218,9 +217,8 @@ def report_body(rows: list[dict], e2e: list[dict], impls: dict, devices: dict, f
 
 
 def main(argv):
-    args = _common.parse(Exp5Options, argv, NAME, __doc__)
-    started = time.time()
-    out = _common.claim(_common.output_path(args, NAME), args, NAME)
+    exp = _common.begin(Exp5Options, argv, NAME, __doc__)
+    args, out = exp.args, exp.claim()
     if args.quick:
         # --quick checks the pipeline, not speed. One thread keeps it a few seconds even when another
         # process holds a core: a second torch thread then waits milliseconds at every op.
@@ -248,8 +246,8 @@ def main(argv):
              f"input and parameters in the dtype shown; torch.compile at widths {args.compiled() or 'none'}. "
              f"End to end: babygpt.bench.time_training, TrainConfig defaults{' in the quick shape' * args.quick}"
              f"{''.join(' --set ' + s for s in args.set)}, each norm timed twice, ms/iter the median over the windows.")
-    _common.write_report(os.path.join(out, "report.md"), "Is RMSNorm really faster?", _common.command_line(),
-                         setup + "\n\n" + report_body(rows, e2e, impls, devices, list(figures.values())), started)
+    exp.write_report("Is RMSNorm really faster?",
+                     setup + "\n\n" + report_body(rows, e2e, impls, devices, list(figures.values())))
     return 0
 
 

@@ -26,7 +26,6 @@ Writes results.csv, collapse_diagnostics.png (lr 3e-3) and report.md.
 """
 
 import os
-import time
 from dataclasses import dataclass
 
 import _common
@@ -148,27 +147,21 @@ def plot(arms: list, loaded_by_seed: dict, path: str) -> None:
 
 
 def main(argv):
-    args = _common.parse(Exp6Options, argv, "exp6_postln_collapse", __doc__)
-    started = time.time()
-    out = _common.output_path(args, "exp6_postln_collapse")
+    exp = _common.begin(Exp6Options, argv, "exp6_postln_collapse", __doc__)
+    args = exp.args
     runs = arm_runs(args.seeds, args.diag_interval)
-    every_run = [r for seeds in runs.values() for r in seeds]
-    budget = EXP2_BUDGET if _common.tier(args) == "default" else {}
-    base_args = _common.budget_args(args, budget, runs=every_run)
-    sweep = _common.sweep(out, every_run, base_args, args)
-    _common.claim(out, args, "exp6_postln_collapse", sweep)
-    rows = _common.finished_rows(sweep)
+    budget = EXP2_BUDGET if exp.tier == "default" else {}
+    sweep, rows = exp.train([r for seeds in runs.values() for r in seeds], budget)
 
     first = {arm: runs[(arm, LRS[0])] for arm in ARMS}  # the diagnostics: the LR where the baseline collapses
     loaded_by_seed = {arm: [load_run(sweep.out_dir(r)) for r in rs] for arm, rs in first.items()}
     sizes = {arm: block0_size(sweep.out_dir(rs[0])) for arm, rs in first.items()}
-    plot(list(ARMS), loaded_by_seed, os.path.join(out, "collapse_diagnostics.png"))
+    plot(list(ARMS), loaded_by_seed, os.path.join(exp.out, "collapse_diagnostics.png"))
 
-    warmup = dict(_common.TIERS[_common.tier(args)], **budget).get("warmup_iters", 100)
+    warmup = exp.budget(budget).get("warmup_iters", 100)
     last = rows[first["baseline"][0].name]["iter"]
     at = sorted({args.diag_interval, warmup, 2 * warmup, last})
-    settings = {**_common.TIERS[_common.tier(args)], **budget}
-    body = (f"Tier `{_common.tier(args)}`. Budget per run: {settings or 'train.py defaults'}; "
+    body = (f"{exp.budget_line(budget)}; "
             f"{', '.join(f'{k} {v}' for k, v in SETUP.items())}; learning_rate "
             f"{' and '.join(f'{lr:g}' for lr in LRS)} (min_lr = lr/10); seeds {', '.join(map(str, range(args.seeds)))}; "
             f"diagnostics every {args.diag_interval} iterations. {_common.training_time(rows.values())}.\n\n"
@@ -181,8 +174,7 @@ def main(argv):
                                     diagnostics_table(first, {a: v[0] for a, v in loaded_by_seed.items()}, sizes, at))
             + _common.references_section(_common.reference_losses(args.data_dir))
             + "\n\n![](collapse_diagnostics.png)")
-    _common.write_report(os.path.join(out, "report.md"), "Why Post-LN collapses: the hypotheses, the init's parts apart",
-                         _common.command_line(), body, started)
+    exp.write_report("Why Post-LN collapses: the hypotheses, the init's parts apart", body)
     return 0
 
 

@@ -27,7 +27,6 @@ Writes results.csv, lr_sensitivity.png and report.md.
 import math
 import os
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -197,27 +196,22 @@ def plot(summary: dict, lrs, widths, refs: dict, initial: dict, path: str) -> No
 
 
 def main(argv):
-    args = _common.parse(Exp7Options, argv, NAME, __doc__)
-    started = time.time()
-    tier = _common.tier(args)
-    out = _common.output_path(args, NAME)
+    exp = _common.begin(Exp7Options, argv, NAME, __doc__)
+    args, tier = exp.args, exp.tier
     lrs = floats(args.lrs or GRID[tier])
     widths = [int(w) for w in (args.widths or WIDTHS[tier]).split(",")]
     seeds = args.seeds or (1 if tier == "quick" else 2)
     diag_interval = args.diag_interval or (5 if tier == "quick" else 25)
     cells = cell_runs(lrs, widths, seeds, diag_interval)
     every_run = [r for runs in cells.values() for r in runs]
-    sweep = _common.sweep(out, every_run, _common.budget_args(args, BUDGET[tier], runs=every_run), args)
-    _common.claim(out, args, NAME, sweep)
-    rows = _common.finished_rows(sweep)
+    sweep, rows = exp.train(every_run, BUDGET[tier])
     loaded = {r.name: load_run(sweep.out_dir(r)) for r in every_run}
     initial = {w: initial_loss(sweep.out_dir(cells[("plain", w, lrs[0])][0])) for w in widths}
     summary = summarise(cells, rows, loaded)
     refs = _common.reference_losses(args.data_dir)
-    plot(summary, lrs, widths, refs, initial, os.path.join(out, "lr_sensitivity.png"))
+    plot(summary, lrs, widths, refs, initial, os.path.join(exp.out, "lr_sensitivity.png"))
 
-    settings = {k: v for k, v in {**_common.TIERS[tier], **BUDGET[tier]}.items() if k not in SETUP and k != "n_embd"}
-    body = (f"Tier `{tier}`. Budget per run: {settings or 'train.py defaults'}; Pre-LN RMSNorm, 4 layers, "
+    body = (f"{exp.budget_line(BUDGET[tier], leave_out=(*SETUP, 'n_embd'))}; Pre-LN RMSNorm, 4 layers, "
             f"4 heads, width {', '.join(map(str, widths))}; min_lr = lr/10; seeds {', '.join(map(str, range(seeds)))}; diagnostics every "
             f"{diag_interval} iterations. {_common.training_time(rows.values())}.\n\n"
             + _common.table_section(
@@ -232,8 +226,7 @@ def main(argv):
                 "instabilities", instability_table(summary, lrs, widths))
             + outcomes_line(summary, seeds) + "\n\n"
             + _common.references_section(refs) + "\n\n![](lr_sensitivity.png)")
-    _common.write_report(os.path.join(out, "report.md"), "LR sensitivity with and without QK-norm and z-loss",
-                         _common.command_line(), body, started)
+    exp.write_report("LR sensitivity with and without QK-norm and z-loss", body)
     return 0
 
 

@@ -16,7 +16,6 @@ Writes results.csv, dyt_saturation.png and report.md.
 """
 
 import os
-import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -106,22 +105,17 @@ def plot(runs: dict, loaded: dict, path: str) -> None:
 
 
 def main(argv):
-    args = _common.parse(Exp8Options, argv, NAME, __doc__)
-    started = time.time()
-    tier = _common.tier(args)
-    out = _common.output_path(args, NAME)
+    exp = _common.begin(Exp8Options, argv, NAME, __doc__)
+    args, tier = exp.args, exp.tier
     diag_interval = args.diag_interval or (5 if tier == "quick" else 25)
     runs = arm_runs(tier, args.seed, diag_interval)
     budget = EXP2_BUDGET if tier == "default" else {}
-    sweep = _common.sweep(out, list(runs.values()), _common.budget_args(args, budget, runs=list(runs.values())), args)
-    _common.claim(out, args, NAME, sweep)
-    rows = _common.finished_rows(sweep)
+    sweep, rows = exp.train(list(runs.values()), budget)
     loaded = {key: load_run(sweep.out_dir(run)) for key, run in runs.items()}
-    plot(runs, loaded, os.path.join(out, "dyt_saturation.png"))
+    plot(runs, loaded, os.path.join(exp.out, "dyt_saturation.png"))
     last = max(r["iter"] for rs in loaded.values() for r in diag_rows(rs)) if any(map(diag_rows, loaded.values())) else 0
     at = sorted({diag_interval, max(diag_interval, last // 4), last})
-    settings = {**_common.TIERS[tier], **budget}
-    body = (f"Tier `{tier}`. Budget per run: {settings or 'train.py defaults'}; seed {args.seed}; each "
+    body = (f"{exp.budget_line(budget)}; seed {args.seed}; each "
             f"configuration at its experiment-2 tuned LR for that init; diagnostics every {diag_interval} "
             f"iterations. {_common.training_time(rows.values())}.\n\n"
             + _common.table_section("Saturation by block", "Saturated: |alpha x| >= 2, where tanh's slope is under "
@@ -129,7 +123,7 @@ def main(argv):
                                     "the inputs of its ln1 and ln2.", "saturation",
                                     saturation_table(runs, loaded, rows, sweep, at))
             + "![](dyt_saturation.png)")
-    _common.write_report(os.path.join(out, "report.md"), "Where DyT saturates", _common.command_line(), body, started)
+    exp.write_report("Where DyT saturates", body)
     return 0
 
 

@@ -23,7 +23,6 @@ Writes results.csv, fp16_overflow.png and report.md.
 import csv
 import math
 import os
-import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -163,30 +162,25 @@ def fmt(v: float) -> str:
 
 
 def main(argv):
-    args = _common.parse(Exp9Options, argv, NAME, __doc__)
-    started = time.time()
-    tier = _common.tier(args)
-    out = _common.output_path(args, NAME)
+    exp = _common.begin(Exp9Options, argv, NAME, __doc__)
+    args, tier = exp.args, exp.tier
     diag_interval = args.diag_interval or (2 if tier == "quick" else 25)
     lrs = floats(args.lrs or LRS["quick" if tier == "quick" else "default"])
     budget = {**(EXP2_BUDGET if tier == "default" else {})}
-    max_iters = {**_common.TIERS[tier], **budget}.get("max_iters", 2400)
+    max_iters = exp.budget(budget).get("max_iters", 2400)
     for s in args.set:  # a --set max_iters=... is the run's length, and so the schedule's
         key, _, value = s.partition("=")
         max_iters = int(value) if key == "max_iters" else max_iters
     # The schedule is pinned to the long run's length, so a run stopped early follows the same LRs.
     common = {"diag_interval": diag_interval, "lr_decay_iters": max_iters}
     runs = {lr: Run({**lr_overrides(lr), **common}, args.seed, config_path(CONFIG)) for lr in lrs}
-    sweep = _common.sweep(out, list(runs.values()), _common.budget_args(args, budget, runs=list(runs.values())), args)
-    _common.claim(out, args, NAME, sweep)
-    rows = _common.finished_rows(sweep, last=False)
+    sweep, rows = exp.train(list(runs.values()), budget, last=False)
     loaded = {lr: load_run(sweep.out_dir(run)) for lr, run in runs.items()}
     crossings = {lr: first_crossing(run) for lr, run in loaded.items()}
     # The same runs, stopped at the crossing: their ckpt.pt holds the weights of that iteration.
     stops = {lr: Run({**lr_overrides(lr), **common, "max_iters": c}, args.seed, config_path(CONFIG))
              for lr, c in crossings.items() if c is not None}
-    stopped_sweep = _common.sweep(os.path.join(out, "at_crossing"), list(stops.values()),
-                                  _common.budget_args(args, budget, runs=list(stops.values())), args)
+    stopped_sweep = exp.sweep(list(stops.values()), budget, out=os.path.join(exp.out, "at_crossing"))
     stopped_rows = _common.finished_rows(stopped_sweep)
     block_size = int(loaded[lrs[0]]["info"]["config"]["block_size"])
     x, y = val_windows(args.data_dir, block_size, EVAL_WINDOWS["quick" if tier == "quick" else "default"])
@@ -203,11 +197,11 @@ def main(argv):
                         "max_abs_at_checkpoint": max(at["resid_max"]), "same_as_long_run": same,
                         "loss_fp32": fp32["loss"], "loss_fp16": fp16["loss"], "loss_fp16_naive": naive["loss"],
                         "overflowing_rows_fp16": fp16["overflowing_rows"]})
-    with open(os.path.join(out, "results.csv"), "w", newline="") as f:
+    with open(os.path.join(exp.out, "results.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(results[0]))
         writer.writeheader()
         writer.writerows(results)
-    plot(loaded, results, os.path.join(out, "fp16_overflow.png"))
+    plot(loaded, results, os.path.join(exp.out, "fp16_overflow.png"))
     crossing_table = _common.markdown_table(
         ["LR", "final loss (whole val split)", "max \\|x\\| of the stream, per block, at the end",
          "first measured iteration with max \\|x\\| > 255.9"],
@@ -220,8 +214,7 @@ def main(argv):
         [[f"{r['lr']:g}", r["checkpoint_iter"], f"{r['max_abs_at_checkpoint']:.1f}", "yes" if r["same_as_long_run"] else "NO",
           fmt(r["loss_fp32"]), fmt(r["loss_fp16"]), fmt(r["loss_fp16_naive"]), f"{r['overflowing_rows_fp16']:.1%}"]
          for r in results])
-    settings = {**_common.TIERS[tier], **budget}
-    body = (f"Tier `{tier}`. Budget per run: {settings or 'train.py defaults'}; {CONFIG}, seed {args.seed}, "
+    body = (f"{exp.budget_line(budget)}; {CONFIG}, seed {args.seed}, "
             f"min_lr = lr/10 with the cosine schedule of a {max_iters}-iteration run; diagnostics every "
             f"{diag_interval} iterations. The checkpoints are scored on the first {len(x)} windows of "
             f"{block_size} characters of the validation split. {_common.training_time([*rows.values(), *stopped_rows.values()])}.\n\n"
@@ -234,8 +227,7 @@ def main(argv):
                                     "square, taken in float16, is inf: the rows a naive norm turns into zeros.",
                                     "half", half_table)
             + "![](fp16_overflow.png)")
-    _common.write_report(os.path.join(out, "report.md"), "float16 overflow in the residual stream",
-                         _common.command_line(), body, started)
+    exp.write_report("float16 overflow in the residual stream", body)
     return 0
 
 

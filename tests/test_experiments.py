@@ -492,12 +492,14 @@ def test_lr_sensitivity_experiment_reads_the_diagnostics(monkeypatch):
     assert exp7.peak_diag(run, "attn_logit_max") == 9.0 and exp7.last_diag(run, "output_logz") == -6.0
     lrs, widths = [1e-3, 1e-2], [64]
     losses = {"plain": [2.5, 2.2], "qk_norm": [2.4, 2.3], "z_loss": [2.5, math.inf], "qk_norm + z_loss": [3.0, 2.9]}
+    losses.update({arm: [2.6, 2.4] for arm in exp7.ARMS if arm not in losses})  # the weight-decay arms
     summary = {(arm, 64, lr): {"loss": loss, "logit": 1.0, "logz": 2.0}
                for arm, ls in losses.items() for lr, loss in zip(lrs, ls)}
     table = exp7.sensitivity_table(summary, lrs, widths, {64: 4.2})
     plain = next(line for line in table.splitlines() if "| plain |" in line)
     assert f"| {lr_sensitivity({1e-3: 2.5, 1e-2: 2.2}, 4.2):.3f} |" in plain and "| 0.01 | 2.200 |" in plain
     assert "diverged" in next(line for line in table.splitlines() if "| z_loss |" in line)
+    assert len(table.splitlines()) == 2 + len(exp7.ARMS)  # every arm has its row
 
 
 def test_a_naive_half_norm_loses_the_rows_whose_square_overflows(monkeypatch):
