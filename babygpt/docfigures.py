@@ -58,6 +58,7 @@ REASONS = {
     "config": "a setting or a budget target, not a measurement",
 }
 SOURCE_SUFFIXES = (".md", ".csv", ".json", ".jsonl")
+RUNS_DIR = "runs"  # a sweep's run directories (babygpt.sweepdir)
 RESULTS = "results"
 
 # ---- The rule: what a result figure is ----------------------------------------------------------
@@ -383,10 +384,14 @@ class Sources:
         self._numbers: dict[str, tuple[list[float], list[float]]] = {}
 
     def results_files(self, under: str = RESULTS) -> list[str]:
-        """Committed source files (report.md, *.csv, *.json, *.jsonl) at or below ``under``."""
+        """Committed source files (report.md, *.csv, *.json, *.jsonl) at or below ``under``. The
+        records of single runs (``.../runs/<run>/``, committed so that a report can be made again
+        without training) hold thousands of numbers that would source almost any figure: they
+        count only where ``under`` itself names a run."""
+        inside = f"/{RUNS_DIR}/" in f"/{under}/"
         return sorted(p for p in self.committed
                       if (p == under or p.startswith(under.rstrip("/") + "/")) and p.startswith(RESULTS + "/")
-                      and p.endswith(SOURCE_SUFFIXES))
+                      and p.endswith(SOURCE_SUFFIXES) and (inside or f"/{RUNS_DIR}/" not in p))
 
     def numbers(self, path: str) -> tuple[list[float], list[float]]:
         """(sorted values, their precisions) of every number written in ``path``."""

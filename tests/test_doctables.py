@@ -125,6 +125,17 @@ def test_a_figure_is_found_in_the_results_its_section_names_and_rounded_to_its_p
                        "(add a <!-- source: ... --> marker)"]
 
 
+def test_the_records_of_single_runs_source_a_figure_only_where_named(results):
+    """A sweep's committed run records (results/exp/runs/<run>/) hold thousands of numbers: a
+    section naming the experiment does not search them, a marker naming the run does."""
+    run = results / "results" / "exp" / "runs" / "a__seed=0"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text('{"val_loss_full": 2.4567}')
+    assert findings(results, "It ends at 2.4567.") == \
+        ["page.md:5: 2.4567: not in the results its section names (results/exp)"]
+    assert findings(results, "It ends at 2.4567. <!-- source: results/exp/runs/a__seed=0/summary.json -->") == []
+
+
 def test_code_blocks_and_generated_tables_are_not_checked(results):
     body = ("```\nstep 400 | val 9.8765\n```\n\n    indented 9.8765\n\n"
             "<!-- generated: results/exp/report.md#t -->\n| 9.8765 |\n<!-- end generated -->\n")
