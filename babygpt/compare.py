@@ -58,9 +58,6 @@ def mean_interval(losses: list[float]) -> str:
     return f"{mean:.3f} ± {half:.3f}" if math.isfinite(half) else f"{mean:.3f}"
 
 
-VERDICTS = ("better", "worse", "equivalent", "inconclusive")
-
-
 def pairs_of(losses: list[float], baseline: list[float]) -> list[float]:
     """The paired differences losses[i] - baseline[i] over the seeds where both runs have a loss
     (a seed where either diverged has no pair)."""

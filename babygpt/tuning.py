@@ -84,8 +84,7 @@ class LRSearch:
 
 def best(means: dict[float, float]) -> float | None:
     """The LR of the lowest finite mean loss (the smaller LR on a tie); None if none is finite."""
-    finite = [lr for lr in sorted(means) if math.isfinite(means[lr])]
-    return min(finite, key=lambda lr: means[lr]) if finite else None
+    return (ranked(means) or [None])[0]
 
 
 def ranked(means: dict[float, float]) -> list[float]:
