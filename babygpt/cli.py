@@ -19,7 +19,7 @@ from .options import ShowHelp
 
 # Exit codes of train.py (sample.py uses 0 and 2 only).
 EXIT_USAGE = 2  # a mistake in the input: nothing ran, nothing on disk changed
-EXIT_DIVERGED = 3  # the loss became non-finite; summary.json has diverged_at
+EXIT_DIVERGED = 3  # the loss became non-finite (diverged), or the run has no finite result (skipped_out)
 EXIT_SIGNAL_BASE = 128  # + signal number: 130 for SIGINT (Ctrl-C), 143 for SIGTERM
 
 
@@ -103,6 +103,12 @@ def train_main(argv: list[str]) -> int:
     if status == "diverged":
         say(f"diverged: non-finite loss at iteration {summary['diverged_at']}; the last good state is in "
             f"{out}/ckpt.pt and {out}/best.pt; see {out}/summary.json", file=sys.stderr)
+        return EXIT_DIVERGED
+    if status == "skipped_out":
+        skipped = summary["skipped_steps"] + summary["scaler_skipped_steps"]
+        say(f"skipped_out: the run reached iteration {summary['iter']} with {skipped} of its steps skipped and its "
+            f"last finite evaluation at iteration {summary['final_eval_iter']}: it has no result (lower the "
+            f"learning_rate, or use float32 or bfloat16); see {out}/summary.json", file=sys.stderr)
         return EXIT_DIVERGED
     best, full = summary["best_val_loss"], summary.get("val_loss_full")
     whole = "" if full is None else f", val loss over the whole split {full:.4f} ({floors_note(summary)})"

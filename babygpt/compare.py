@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from .state import COMPLETED
 from .stats import PairedTest, holm, holm_levels, mean_ci
 
-OUTCOMES = ("finished", "collapsed", "diverged")
+OUTCOMES = ("finished", "collapsed", "skipped_out", "diverged")  # state.ENDED, in the order tables count them
 # A verdict other than "inconclusive" needs at least this many seed pairs (GUIDE §6: >= 3 seeds);
 # with fewer the interval is still shown.
 MIN_PAIRS_FOR_VERDICT = 3

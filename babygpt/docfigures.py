@@ -47,10 +47,14 @@ from __future__ import annotations
 
 import bisect
 import glob
+import json
 import os
 import re
 import subprocess
 from dataclasses import dataclass, field
+
+from .errors import BabyGPTError
+from .state import summary_problems
 
 REASONS = {
     "paper": "quoted from a paper or another project",
@@ -375,6 +379,17 @@ def committed_files(root: str) -> set[str]:
             for p in glob.glob(os.path.join(root, "**", "*"), recursive=True) if os.path.isfile(p)}
 
 
+def check_summary(path: str, text: str) -> None:
+    """Refuse, by name, a run's summary.json that no run could have written (state.summary_problems)."""
+    try:
+        summary = json.loads(text)
+    except ValueError:
+        summary = None
+    problems = summary_problems(summary) if isinstance(summary, dict) else ["it is not a JSON object"]
+    if problems:
+        raise BabyGPTError(f"{path} is damaged ({problems[0]}); restore it from git before checking the docs")
+
+
 class Sources:
     """The numbers of the committed source files under a root, each file's sorted once."""
 
@@ -398,6 +413,8 @@ class Sources:
         if path not in self._numbers:
             with open(os.path.join(self.root, path), encoding="utf-8", errors="replace") as f:
                 text = f.read()
+            if os.path.basename(path) == "summary.json":  # a run's record: only a whole one is a source
+                check_summary(path, text)
             pattern = SOURCE_NUMBER["md" if path.endswith(".md") else "data"]
             pairs = sorted((float(f"{m.group('int').replace(',', '')}.{m.group('frac') or 0}e{m.group('exp') or 0}"),
                             precision_of(m.group("frac"), m.group("exp"))) for m in pattern.finditer(text))

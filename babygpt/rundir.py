@@ -4,8 +4,8 @@
   metrics.jsonl  one JSON object per logged iteration (eval rows add train_loss/val_loss)
   ckpt.pt        the latest state, for --init_from=resume (written at each eval and on interrupt)
   best.pt        the state with the lowest val loss so far, for sampling
-  summary.json   how the run ended: finished | collapsed | diverged | interrupted, losses (the final
-                 one over the whole validation split), the data's n-gram reference losses, time
+  summary.json   how the run ended (one of state.STATUSES), losses (the final one over the whole
+                 validation split), the data's n-gram reference losses, time
   .lock          held (an OS lock, flock) by the one process training in the directory
 
 Every file but metrics.jsonl (appended to, row by row) is replaced atomically, so a kill at
@@ -21,12 +21,13 @@ import errno
 import glob
 import json
 import os
+import stat
 
 import torch
 
 from .errors import BabyGPTError
 from .files import atomic_open, existing_ancestor, path_problem, user_error, write_atomic
-from .state import COMPLETED
+from .state import AT_END, summary_problems
 
 try:
     import fcntl
@@ -62,6 +63,17 @@ def read_record(path: str, required: tuple[str, ...] = ()) -> dict | None:
     return obj
 
 
+def read_summary(path: str) -> dict | None:
+    """The summary.json at ``path`` (None if there is none), refusing a damaged one by name: not a
+    JSON object, or not what a run writes for its status (state.summary_problems)."""
+    summary = read_record(path, ("status",))
+    problems = summary_problems(summary) if summary is not None else []
+    if problems:
+        raise BabyGPTError(f"{path} is damaged ({problems[0]}); restore it, or move the run directory "
+                           f"aside to run it again")
+    return summary
+
+
 class RunLock:
     """An exclusive, non-blocking flock on ``<directory>/.lock``. The lock belongs to the open
     file: it ends when the process exits however it ends, so a killed run never leaves it stuck.
@@ -82,7 +94,7 @@ class RunLock:
             return None
         try:
             os.makedirs(self.directory, exist_ok=True)
-            fd = os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o644)
+            fd = self._open(os.O_CREAT)
         except OSError as e:
             raise user_error(e, self.directory) from None
         try:
@@ -94,6 +106,16 @@ class RunLock:
         self._fd = fd
         return None
 
+    def _open(self, flags: int = 0) -> int:
+        """A descriptor of the lock file; never blocks (a FIFO put in its place would wait for a
+        writer forever), and refuses anything but a regular file by name."""
+        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | flags, 0o644)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise BabyGPTError(f"{self.path} is not a regular file; delete it (no process holds a lock "
+                               f"through it), then run the command again")
+        return fd
+
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing the only descriptor drops the flock
@@ -103,7 +125,7 @@ class RunLock:
         """The pid holding the lock now (0 if unknown), without taking it; None if it is free."""
         if fcntl is None or not os.path.exists(self.path):
             return None
-        fd = os.open(self.path, os.O_RDONLY)
+        fd = self._open()
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # granted only if nobody holds it exclusively
             return None
@@ -275,9 +297,9 @@ class RunDir:
             raise user_error(e, self.metrics) from None
 
     def finished_summary(self, at_iter: int) -> dict | None:
-        """summary.json if it records this run finished (or collapsed) at ``at_iter``, else None."""
-        summary = read_record(self.summary, ("status",))
-        done = summary and summary["status"] in COMPLETED and summary.get("iter") == at_iter
+        """summary.json if it records this run reached its end at ``at_iter``, else None."""
+        summary = read_summary(self.summary)
+        done = summary and summary["status"] in AT_END and summary.get("iter") == at_iter
         return summary if done else None
 
     def write_summary(self, summary: dict) -> None:

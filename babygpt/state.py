@@ -12,15 +12,47 @@ from .checkpoint import capture_rng
 from .data import BatchSampler
 from .signals import signal_name
 
-# A run that reached max_iters: "collapsed" if its loss over the whole validation split is no
-# better than the data's unigram model (ngram.py), else "finished".
-COMPLETED = ("finished", "collapsed")
+# How a run ended (summary.json's "status"), each defined once here; docs/reliability.md lists them.
+STATUSES = {
+    "finished": "reached max_iters with finite losses; its loss over the whole validation split is "
+                "better than the data's unigram model by more than the collapse margin (ngram.py)",
+    "collapsed": "reached max_iters, but its whole-split loss is within the collapse margin of the "
+                 "unigram loss, or above it: it learned no more than character frequencies",
+    "skipped_out": "reached max_iters, but more than half of its steps were skipped (nonfinite=skip, or "
+                   "float16's loss scaler) or its losses at the end are not finite: it has no result",
+    "diverged": "stopped at its first non-finite loss (nonfinite=stop); the checkpoints keep the last good state",
+    "interrupted": "stopped by SIGINT or SIGTERM after saving a checkpoint; resume it",
+}
+COMPLETED = ("finished", "collapsed")  # runs with a result: a final loss over the whole validation split
+AT_END = (*COMPLETED, "skipped_out")  # runs that reached max_iters
+ENDED = (*AT_END, "diverged")  # runs that are over: a sweep does not train them again
+MAX_SKIPPED_FRACTION = 0.5  # a run with more of its steps skipped than this is skipped_out
 COUNTERS = ("first_nonfinite", "skipped_steps", "scaler_skipped_steps")  # nested under "counters" in a checkpoint
 PER_RANK = ("sampler", "pending_rng")  # each process's own; see TrainState.rank_state
 
 
 def finite_or_none(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
+
+
+def _is_number(value, finite: bool = True) -> bool:
+    return type(value) in (int, float) and (not finite or math.isfinite(value))
+
+
+def summary_problems(summary: dict) -> list[str]:
+    """What makes ``summary`` (a summary.json object) not one a run writes: an unknown status, or a
+    field its status needs missing or of the wrong type (e.g. a "finished" run without a finite
+    loss over the whole validation split). Readers refuse such a file instead of reading blanks."""
+    status = summary.get("status")
+    if status not in STATUSES:
+        return [f"its status {status!r} is none of {', '.join(STATUSES)}"]
+    needed = {"iter": lambda v: type(v) is int and v >= 0}
+    if status in COMPLETED:
+        needed.update(val_loss_full=_is_number, final_val_loss=_is_number, best_val_loss=_is_number)
+    if status == "diverged":
+        needed["diverged_at"] = lambda v: type(v) is int
+    return [f"its status is {status!r} but its {key} is {summary.get(key)!r}"
+            for key, ok in needed.items() if not ok(summary.get(key))]
 
 
 @dataclass
@@ -74,8 +106,16 @@ class TrainState:
         self.sampler.load_state_dict(state["sampler"])
         self.pending_rng = state["rng"]
 
+    def skipped_out(self, final_val_loss: float | None) -> bool:
+        """Whether a run that reached its end has no result: most of its steps skipped, or its
+        last evaluation (``final_val_loss``, over the whole validation split) not finite, or its
+        last periodic evaluation not at its last step (the ones after it were not finite)."""
+        skipped = self.skipped_steps + self.scaler_skipped_steps
+        return (skipped > MAX_SKIPPED_FRACTION * max(self.iter, 1) or finite_or_none(final_val_loss) is None
+                or self.last_eval.get("iter") != self.iter)
+
     def summary(self, status: str, max_iters: int, signum: int | None) -> dict:
-        """summary.json: how the run ended (finished | diverged | interrupted) and where it stands."""
+        """summary.json: how the run ended (one of STATUSES) and where it stands."""
         return {
             "status": status,
             "iter": self.iter,

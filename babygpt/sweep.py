@@ -60,6 +60,13 @@ class Sweep(SweepDir):
         self._signalled: dict[int, object] = {}  # pids already sent the stop signal (once each)
         self.exit_codes: dict[str, int] = {}
 
+    def check(self, on_disk: bool = True) -> None:
+        """SweepDir.check, and the GPUs --gpus asks for: all refused before anything is written."""
+        if self.jobs < 1:
+            raise BabyGPTError(f"--jobs must be at least 1, got {self.jobs}")
+        pinned_gpus(self.gpus, visible_gpus())
+        super().check(on_disk)
+
     def _command(self, run: Run) -> list[str]:
         out = self.out_dir(run)
         resume = os.path.exists(os.path.join(out, "ckpt.pt"))  # a killed or interrupted run
@@ -138,6 +145,7 @@ class Sweep(SweepDir):
             return self._collected()
         if self.shard is not None:
             hold_shard(self.root, self.shard)
+        self.bind()
         slots = DeviceSlots(pinned_gpus(self.gpus, visible_gpus()), self.jobs)
         codes = self.exit_codes = {}  # train.py's exit code, by run, of the runs trained here
         with self._signals_passed_on(), tqdm(total=len(self.runs), desc="runs", unit="run", disable=not progress,

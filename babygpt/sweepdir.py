@@ -1,27 +1,39 @@
 """A sweep's directory: its runs, what each was asked to be, and what each left on disk.
 
 ``<root>/runs/<name>`` is a run's ``out_dir`` and ``<root>/logs/<name>.log`` its log; a run whose
-``summary.json`` says it finished or diverged is done. ``results.csv`` collects one row per run,
-read from its ``summary.json`` and ``config.json``. Before anything runs, every run's settings are
-checked (as train.py would check them) along with what is on disk: damaged records, runs made with
-other settings, and run directories still held by a live train.py that no sweep process claims
-(e.g. one orphaned by a sweep that was killed). Running the runs is babygpt.sweep's.
+``summary.json`` says it is over (state.ENDED: finished, collapsed, skipped_out, diverged) is done.
+``results.csv`` collects one row per run, read from its ``summary.json`` and ``config.json``. Before
+anything runs, every run's settings are checked (as train.py would check them) along with what is
+on disk: damaged records, runs made with other settings, and run directories still held by a live
+train.py that no sweep process claims (e.g. one orphaned by a sweep that was killed).
+
+A run's name says what the sweep varies, not the settings every run shares (--set, the contents
+of its config file), so the directory binds each name to its whole settings from the first write:
+``<root>/run_settings/<name>.json``, created exclusively. A second sweep (or a shard) that wants
+other settings under the same name is refused before it trains or waits on anything, even while
+the first is still running. Running the runs is babygpt.sweep's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
+import json
 import os
+import tempfile
 from dataclasses import dataclass, field
 
 from .config import FIELDS, TrainConfig, load_config, to_dict, with_resolved_dtype
 from .errors import BabyGPTError
-from .rundir import RunDir, RunLock, read_json, read_record
+from .files import user_error
+from .rundir import RunDir, RunLock, read_json, read_record, read_summary
 from .scaleout import claim
-from .state import COMPLETED
+from .state import ENDED
 
-DONE = (*COMPLETED, "diverged")
+DONE = ENDED
+BINDINGS = "run_settings"  # <root>/run_settings/<run name>.json: the settings each run name is bound to
+NOT_COMPARED = ("out_dir", "init_from")  # where a run lives and how it starts, not what it is
 MAX_NAME = 200  # bytes of a run's directory name; longer names are cut and given a hash
 COLUMNS = ["name", "seed", "status", "exit_code", "diverged_at", "first_nonfinite_at", "iter",
            "final_train_loss", "final_val_loss", "best_val_loss", "val_loss_full", "val_time_full_s", "wall_time_s",
@@ -77,8 +89,13 @@ class SweepDir:
         return os.path.join(self.root, "runs", run.name)
 
     def status(self, run: Run) -> str | None:
-        summary = read_json(os.path.join(self.out_dir(run), "summary.json"))
-        return summary.get("status") if summary else None
+        """The run's status (state.STATUSES) from its summary.json, None if it has none yet;
+        a damaged summary is refused by name (rundir.read_summary)."""
+        summary = read_summary(os.path.join(self.out_dir(run), "summary.json"))
+        return summary["status"] if summary else None
+
+    def binding(self, run: Run) -> str:
+        return os.path.join(self.root, BINDINGS, run.name + ".json")
 
     def _config_args(self, run: Run) -> list[str]:
         """[CONFIG.py] --key=value ... : the run's settings, without where it runs."""
@@ -91,15 +108,19 @@ class SweepDir:
     def check(self, on_disk: bool = True) -> None:
         """Every problem that would make a run fail or mix wrong results into the table, found
         before anything runs: bad keys or values (as train.py would report them, once each), and
-        (``on_disk``) damaged or foreign records, and run directories a live process holds."""
+        (``on_disk``) damaged or foreign records, runs bound to other settings, and run directories
+        a live process holds. Writes nothing."""
         problems = self._base_arg_problems()
         if problems:  # (a malformed --set, e.g. --set help, must not reach train.py's parser)
             raise BabyGPTError(*problems)
+        self._wanted = {}
         for run in self.runs:
             try:
                 wanted = load_config(self._config_args(run))
+                self._wanted[run.name] = {k: v for k, v in to_dict(with_resolved_dtype(wanted)).items()
+                                          if k not in NOT_COMPARED}
                 if on_disk:
-                    self._check_on_disk(run, wanted)
+                    self._check_on_disk(run)
             except BabyGPTError as e:
                 problems += [p for p in e.problems if p not in problems]
         if problems:
@@ -110,7 +131,8 @@ class SweepDir:
         return [f"malformed --set '{arg[2:]}'; write --set key=value" for arg in self.base_args
                 if not (arg.startswith("--") and arg[2:].partition("=")[0] and "=" in arg)]
 
-    def _check_on_disk(self, run: Run, wanted) -> None:
+    def _check_on_disk(self, run: Run) -> None:
+        self._check_binding(run)  # first: a run another process is training is bound too
         out = self.out_dir(run)
         if not os.path.isdir(out):
             return
@@ -122,14 +144,14 @@ class SweepDir:
                                f"(left running by a sweep that was killed?); wait for it or stop it, then "
                                f"run the sweep again")
         rundir = RunDir(out)
-        read_record(rundir.summary, ("status",))
+        read_summary(rundir.summary)
         info = read_record(rundir.config, ("config",))
         if os.path.exists(rundir.ckpt):
             rundir.check("resume")  # a resumable run: its metrics must be readable too
         if info is not None:
-            self._check_same_settings(run, info, to_dict(with_resolved_dtype(wanted)))
+            self._check_same_settings(run, info)
 
-    def _check_same_settings(self, run: Run, info: dict, wanted: dict) -> None:
+    def _check_same_settings(self, run: Run, info: dict) -> None:
         """A run already on disk must have been made with the settings asked for now; otherwise
         its results would be silently mixed into a table that claims other settings."""
         latest = (info.get("resumes") or [info])[-1]  # the settings of its latest start
@@ -137,18 +159,83 @@ class SweepDir:
         if not isinstance(had, dict):
             raise BabyGPTError(f"{self.out_dir(run)}/config.json is damaged (no settings in its last resume "
                                f"record); move that run directory aside to run it again")
-        # A key missing there is a field added since that run was made; it ran as that field's default
-        # (a new field defaults to the behaviour from before it existed: init, adam_eps, z_loss, ...).
-        defaults = to_dict(TrainConfig())
-        diffs = [k for k in wanted if k not in ("out_dir", "init_from") and had.get(k, defaults.get(k)) != wanted[k]]
-        if diffs:
-            shown = ", ".join(f"{k}={had.get(k)!r} there, {wanted[k]!r} now" for k in diffs[:4])
+        shown = self._differences(had, self._wanted[run.name])
+        if shown:
             raise BabyGPTError(f"{self.out_dir(run)} was run with other settings ({shown}); "
                                f"use another --out, or delete that directory to run it again")
 
+    @staticmethod
+    def _differences(had: dict, wanted: dict) -> str:
+        """"lr=0.002 there, 0.001 now, ..." for the keys whose values differ; "" if none do. A key
+        missing from ``had`` is a field added since it was recorded; it ran as that field's default
+        (a new field defaults to the behaviour from before it existed: init, adam_eps, z_loss, ...)."""
+        defaults = to_dict(TrainConfig())
+        diffs = [k for k in wanted if had.get(k, defaults.get(k)) != wanted[k]]
+        return ", ".join(f"{k}={had.get(k)!r} there, {wanted[k]!r} now" for k in diffs[:4])
+
+    def _check_binding(self, run: Run) -> None:
+        """Refuse settings other than those the run's name is bound to in this directory."""
+        path = self.binding(run)
+        if not os.path.exists(path):
+            return
+        had = read_json(path)
+        if had is None:
+            raise BabyGPTError(f"{path} is damaged (not a JSON object); delete it if no sweep is running in "
+                               f"{self.root}, then run the sweep again")
+        shown = self._differences(had, self._wanted[run.name])
+        if shown:
+            raise BabyGPTError(f"{self.root} holds the run {run.name} with other settings ({shown}): another "
+                               f"sweep made or is making it; use another --out for these settings (nothing was "
+                               f"changed)")
+
+    def bind(self) -> None:
+        """Bind every run's name to the settings ``check`` found for it (each binding created
+        exclusively: of two sweeps that race for a name, one binds it and the other compares). A
+        conflict is refused, and the bindings this call made are taken back."""
+        made, directory = [], os.path.join(self.root, BINDINGS)
+        new_directory = not os.path.isdir(directory)
+        try:
+            for run in self.runs:
+                if self._create_binding(run):
+                    made.append(self.binding(run))
+        except BaseException:
+            for path in made:
+                os.remove(path)
+            if new_directory:
+                with contextlib.suppress(OSError):  # (only if empty: another sweep may have bound runs)
+                    os.rmdir(directory)
+            raise
+
+    def _create_binding(self, run: Run) -> bool:
+        """Bind ``run`` (True), or compare it with its binding if it has one (False)."""
+        path = self.binding(run)
+        if os.path.exists(path):
+            self._check_binding(run)
+            return False
+        directory = os.path.dirname(path)
+        try:
+            os.makedirs(directory, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+        except OSError as e:
+            raise user_error(e, path) from None
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(self._wanted[run.name], f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(tmp, path)  # fails if the name is bound already: the whole file, or nothing
+        except FileExistsError:
+            self._check_binding(run)
+            return False
+        except OSError as e:
+            raise user_error(e, path) from None
+        finally:
+            os.remove(tmp)
+        return True
+
     def result(self, run: Run, exit_code: int | None) -> dict:
         out = self.out_dir(run)
-        summary = read_json(os.path.join(out, "summary.json")) or {}
+        summary = read_summary(os.path.join(out, "summary.json")) or {}
         info = read_json(os.path.join(out, "config.json")) or {}
         row = {"name": run.name, "label": run.label, "seed": run.seed, "exit_code": exit_code,
                "status": summary.get("status", "failed"), "num_params": info.get("num_params"),

@@ -315,12 +315,16 @@ class Trainer:
         return self._write_summary(status, signum)
 
     def _write_summary(self, status: str, signum: int | None) -> dict:
-        """summary.json; a run that finished is first scored on the whole validation split, and
-        called "collapsed" if that is no better than the unigram model of the data."""
+        """summary.json; a run that reached its end is first scored on the whole validation split,
+        and called "skipped_out" if it has no finite result or most of its steps were skipped,
+        "collapsed" if it is no better than the unigram model of the data (state.STATUSES)."""
         final = {}
         if status == "finished":
             final = final_evaluation(self.net, self.splits, self.tok.vocab_size, self.cfg, self.device, self.dist)
-            status = "collapsed" if is_collapsed(final["val_loss_full"], final["references"]) else status
+            if self.state.skipped_out(final["val_loss_full"]):
+                status = "skipped_out"
+            elif is_collapsed(final["val_loss_full"], final["references"]):
+                status = "collapsed"
         summary = {**self.state.summary(status, self.cfg.max_iters, signum), **final}
         if self.dist.enabled:
             summary["world_size"] = self.dist.world_size

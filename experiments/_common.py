@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import signal
 import sys
 import time
@@ -20,7 +19,8 @@ from babygpt.model import PLACEMENTS  # noqa: E402
 from babygpt.options import option, parse_into  # noqa: E402
 from babygpt.data import load_dataset  # noqa: E402
 from babygpt.files import write_atomic  # noqa: E402
-from babygpt.rundir import read_json, write_json  # noqa: E402
+from babygpt import outdir  # noqa: E402
+from babygpt.outdir import OutputDir  # noqa: E402
 from babygpt.scaleout import ScaleOutOptions  # noqa: E402
 from babygpt.sweep import Sweep, ignored_set_problems, shard_done_message  # noqa: E402
 
@@ -70,7 +70,8 @@ class TrainingOptions(ScaleOutOptions, DataOptions):
 
     def problems(self) -> list[str]:
         tiers = ["--quick and --full are two tiers; pass one of them"] if self.quick and self.full else []
-        return tiers + self.scale_out_problems()
+        jobs = [f"--jobs must be at least 1, got {self.jobs}"] if self.jobs < 1 else []
+        return tiers + jobs + self.scale_out_problems()
 
 
 def parse(cls, argv: list[str], name: str, doc: str):
@@ -91,7 +92,6 @@ def placement_problems(text: str) -> list[str]:
 
 # Options that change where or how fast results are made, not what they are.
 NOT_SETTINGS = ("out", "overwrite", "jobs", "shard", "collect", "gpus")
-SETTINGS_FILE = "settings.json"
 
 
 def tier(args) -> str:
@@ -113,41 +113,17 @@ def settings(args, name: str) -> dict:
 
 
 def claim(path: str, args, name: str, sweep=None) -> str:
-    """Make ``path`` this experiment's output directory and return it. Results made there with other
-    settings (or by an unknown command) are refused, or with --overwrite deleted first. The
-    experiment's ``sweep`` is checked before anything is written, so a refused experiment changes
-    nothing (its runs on disk too, unless they are about to be replaced)."""
-    wanted = settings(args, name)
-    had = read_json(os.path.join(path, SETTINGS_FILE))
-    # (another shard may be writing settings.json right now: its temporary file does not count)
-    taken = os.path.isdir(path) and any(not n.startswith(".tmp-") for n in os.listdir(path))
-    if getattr(args, "collect", False) and had is None:
-        raise BabyGPTError(f"nothing to collect in '{path}' (no {SETTINGS_FILE}); run the shards first "
-                           f"(--shard K/N), or give the --out they wrote to")
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise BabyGPTError(f"--out '{path}' is a file, not a directory; choose another --out")
-    replace = taken and had != wanted
-    if replace and not args.overwrite:
-        if had is None:
-            what = f"holds files without a {SETTINGS_FILE} saying how they were made"
-        else:
-            diffs = [k for k in sorted({*had, *wanted}) if had.get(k) != wanted.get(k)]
-            what = "was made with other settings (" + ", ".join(
-                f"{k}={had.get(k)!r} there, {wanted.get(k)!r} now" for k in diffs[:4]) + ")"
-        raise BabyGPTError(f"{path} {what}; write these results elsewhere with --out DIR, or pass "
-                           f"--overwrite to replace them (nothing was changed)")
-    if replace and os.path.join(os.getcwd(), "").startswith(os.path.join(os.path.abspath(path), "")):
-        raise BabyGPTError(f"--overwrite would delete '{path}', which holds the current directory; "
-                           f"give --out a directory of its own")
+    """Make ``path`` this experiment's output directory and return it (babygpt.outdir). Results
+    made there with other settings (or by an unknown command) are refused, or with --overwrite
+    moved aside until the new ones are complete. Everything is checked first (the directory, the
+    experiment's ``sweep``, the data), so a refused experiment changes nothing on disk."""
+    out = OutputDir(path, settings(args, name), args.overwrite, getattr(args, "collect", False))
+    out.check()
     if sweep is not None:
-        sweep.check(on_disk=not replace)
+        sweep.check(on_disk=not out.replace)
     if getattr(args, "data_dir", None):  # the data's problems show now, before --out is touched
         load_dataset(args.data_dir)
-    if replace:
-        shutil.rmtree(path)
-    os.makedirs(path, exist_ok=True)
-    write_json(os.path.join(path, SETTINGS_FILE), wanted)
-    return path
+    return out.claim()
 
 
 def budget_args(args, extra: dict | None = None, runs=()) -> list[str]:
@@ -262,6 +238,7 @@ def write_report(path: str, title: str, command: str, body: str, started: float)
             f"wall time {time.time() - started:.0f} s\n\n{body}\n")
     # surrogateescape: a path given on the command line in another encoding is kept byte for byte
     write_atomic(path, text.encode("utf-8", "surrogateescape"))
+    outdir.commit(os.path.dirname(path))  # the results are complete: what --overwrite replaced goes now
     print(text.encode("utf-8", "surrogateescape").decode("utf-8", "replace"))
 
 
@@ -325,4 +302,18 @@ def main(fn) -> None:
         raise Interrupted(signum, f"stopped by {signal.Signals(signum).name}; finished runs and results "
                                   f"are kept: run the same command again to continue")
     signal.signal(signal.SIGTERM, stop)
-    sys.exit(run(fn, sys.argv[1:]))
+    sys.exit(run(noting_replaced(fn), sys.argv[1:]))
+
+
+def noting_replaced(fn):
+    """``fn``, whose error or stop also says where the results --overwrite was replacing are kept."""
+    def command(argv):
+        try:
+            return fn(argv)
+        except BabyGPTError as e:
+            note = outdir.pending_note()
+            raise BabyGPTError(*e.problems, *([note] if note else [])) from None
+        except Interrupted as e:
+            note = outdir.pending_note()
+            raise Interrupted(e.signum, f"{e}; {note}" if note else str(e)) from None
+    return command

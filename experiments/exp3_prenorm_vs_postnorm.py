@@ -56,7 +56,7 @@ BUDGETS = {
                 "eval_interval": 50, "eval_iters": 5, "log_interval": 10, "dropout": 0.0},
     "full": dict(_common.DEFAULT_BUDGET),
 }
-OUTCOME_CODE = {"finished": None, "collapsed": "C", "diverged": "D"}  # a finished run shows its loss
+OUTCOME_CODE = {"finished": None, "collapsed": "C", "skipped_out": "S", "diverged": "D"}  # a finished run shows its loss
 EXTENSIONS = {"quick": 0, "default": MAX_EXTENSIONS, "full": MAX_EXTENSIONS}
 
 
@@ -193,7 +193,8 @@ def stable_cell(runs: dict, rows: dict, row: tuple) -> str:
 
 
 def cell_text(cell_rows: list[dict]) -> str:
-    """Each seed's outcome: its whole-split loss if it trained, C if it collapsed, D if it diverged."""
+    """Each seed's outcome: its whole-split loss if it trained, C if it collapsed, S if it was
+    skipped_out (no finite result), D if it diverged."""
     return " / ".join(OUTCOME_CODE[r["status"]] or f"{run_loss(r):.2f}" for r in cell_rows)
 
 
@@ -280,7 +281,7 @@ def main(argv):
                                     "still there.", "stable_lr",
                                     stable_lr_table(grid, runs, rows))
             + _common.table_section("The map", "Each seed's final loss over the whole validation split, or C "
-                                    "(collapsed) or D (diverged); blank: not tried in that row.", "map",
+                                    "(collapsed), S (skipped_out) or D (diverged); blank: not tried in that row.", "map",
                                     map_table(grid, runs, rows))
             + _common.references_section(_common.reference_losses(args.data_dir))
             + "\n\n![](stability_map.png)")

@@ -197,6 +197,38 @@ def test_sweep_refuses_runs_held_by_a_live_process_and_damaged_records(data_dir,
     assert f"is being trained by process {os.getpid()}" in text and "summary.json is not a readable" in text
 
 
+def test_a_sweep_with_other_settings_is_refused_while_the_first_still_runs(data_dir, tmp_path):
+    """Run names carry only what a sweep varies: a second sweep into the same --out with another
+    --set is refused from the first sweep's first write on, before it trains or waits, even though
+    no run of the first sweep has a config.json yet (it is still starting them)."""
+    runs = [Run({"learning_rate": 1e-3}, 0), Run({"learning_rate": 1e-3}, 1)]
+    root = str(tmp_path / "sweep")
+    first = Sweep(root, runs, sweep_args(data_dir, "--max_iters=5"))
+    first.check()
+    first.bind()  # what first.run() does before it starts its first train.py
+    second = Sweep(root, runs[1:] + [Run({"learning_rate": 3e-3}, 0)], sweep_args(data_dir, "--max_iters=7"))
+    before = files_of(root)
+    with pytest.raises(BabyGPTError, match="holds the run learning_rate=0.001__seed=1 with other settings "
+                                           r"\(max_iters=5 there, 7 now\)"):
+        second.run(progress=False)
+    assert files_of(root) == before  # its own new binding (lr 3e-3) was taken back; nothing trained
+    assert not os.path.exists(os.path.join(root, "runs"))
+    again = Sweep(root, runs, sweep_args(data_dir, "--max_iters=5"))
+    again.check()
+    again.bind()  # the same settings: accepted (a shard, or the same sweep run again)
+
+
+def test_a_damaged_binding_is_refused_by_name(data_dir, tmp_path):
+    runs = [Run({"learning_rate": 1e-3}, 0)]
+    sweep = Sweep(str(tmp_path / "sweep"), runs, sweep_args(data_dir, "--max_iters=5"))
+    sweep.check()
+    sweep.bind()
+    with open(sweep.binding(runs[0]), "w") as f:
+        f.write("{")
+    with pytest.raises(BabyGPTError, match=r"run_settings/learning_rate=0.001__seed=0.json is damaged"):
+        sweep.run(progress=False)
+
+
 def test_long_sweep_run_names_fit_the_filesystem():
     long = Run({"norm_type": "rmsnorm" * 40}, 3)
     other = Run({"norm_type": "rmsnorm" * 40 + "x"}, 3)
@@ -269,6 +301,66 @@ def test_results_made_with_other_settings_are_refused_unless_overwrite(tmp_path)
     _common.claim(out, exp_args("--quick", "--overwrite"), "exp1")
     assert not os.path.exists(tmp_path / "exp1" / "report.md")
     assert json.loads((tmp_path / "exp1" / "settings.json").read_text())["quick"] is True
+
+
+def test_overwrite_keeps_the_old_results_until_the_new_ones_are_complete(tmp_path):
+    """--overwrite writes aside, then swaps: the old results move to .NAME.replaced, whole, and go
+    only when the new report is written; a command stopped before that leaves both, and running
+    it again completes the swap. Other settings meanwhile are refused, naming where the old are."""
+    from babygpt import outdir
+
+    out = str(tmp_path / "exp1")
+    _common.claim(out, exp_args(), "exp1")
+    (tmp_path / "exp1" / "report.md").write_text("old report")
+    old = files_of(out)
+    aside = tmp_path / ".exp1.replaced"
+    _common.claim(out, exp_args("--quick", "--overwrite"), "exp1")  # ... and then the command is stopped
+    assert {p.replace(str(aside), out): b for p, b in files_of(aside).items()} == old
+    outdir._PENDING.clear()  # a new process
+    with pytest.raises(BabyGPTError, match="an earlier --overwrite of .* did not complete.*exp1.replaced"):
+        _common.claim(out, exp_args("--overwrite"), "exp1")
+    _common.claim(out, exp_args("--quick"), "exp1")  # the same command again (--overwrite or not) goes on
+    assert os.path.isdir(aside)
+    _common.write_report(os.path.join(out, "report.md"), "t", "cmd", "new body", 0.0)
+    assert not os.path.exists(aside) and "new body" in (tmp_path / "exp1" / "report.md").read_text()
+
+
+def test_a_rerun_with_the_same_settings_leaves_settings_json_alone(tmp_path):
+    out = str(tmp_path / "exp1")
+    _common.claim(out, exp_args(), "exp1")
+    settings = tmp_path / "exp1" / "settings.json"
+    os.utime(settings, ns=(1, 1))
+    _common.claim(out, exp_args(), "exp1")
+    assert os.stat(settings).st_mtime_ns == 1
+
+
+# Each training experiment with an option that only a later step used to refuse. The command
+# must exit 2 and leave every file of its --out as it was: bytes and mtime.
+BAD_LATE_OPTIONS = [["--jobs=0"], ["--gpus=0"]]
+TRAINING_EXPERIMENTS = ["exp2_norm_comparison", "exp3_prenorm_vs_postnorm", "exp6_postln_collapse",
+                        "exp7_lr_sensitivity", "exp8_dyt_saturation", "exp9_fp16_overflow"]
+
+
+@pytest.mark.parametrize("bad", BAD_LATE_OPTIONS, ids=lambda b: b[0])
+@pytest.mark.parametrize("name", TRAINING_EXPERIMENTS)
+def test_an_error_exit_with_overwrite_changes_no_byte_and_no_mtime(name, bad, data_dir, tmp_path, capsys):
+    import importlib
+
+    if bad[0].startswith("--gpus") and __import__("torch").cuda.is_available():
+        pytest.skip("--gpus=0 is valid on a machine with a GPU")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "settings.json").write_text('{"experiment": "other"}\n')
+    (out / "report.md").write_text("committed report")
+    (out / "results.csv").write_text("a,b\n")
+    for path in out.iterdir():
+        os.utime(path, ns=(1, 1))
+    before = files_of(out)
+    module = importlib.import_module(name)
+    code = cli.run(module.main, ["--quick", f"--out={out}", f"--data_dir={data_dir}", "--overwrite", *bad])
+    assert_user_error(capsys.readouterr().err, code, bad[0].split("=")[0][2:])
+    assert files_of(out) == before and {os.stat(p).st_mtime_ns for p in before} == {1}
+    assert sorted(os.listdir(tmp_path)) == ["out"]  # nothing aside, nothing new
 
 
 def test_results_of_unknown_origin_are_refused(tmp_path):
@@ -450,3 +542,16 @@ def test_overwrite_never_deletes_the_current_directory(tmp_path, monkeypatch):
     with pytest.raises(BabyGPTError, match="holds the current directory"):
         _common.claim(".", exp_args("--overwrite"), "exp1")
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("where", ["run", "claim"])
+def test_a_lock_file_that_is_a_fifo_is_refused_by_name_instead_of_hanging(where, data_dir, tmp_path):
+    """A FIFO opened for reading waits for a writer: the lock must not open it that way."""
+    runs = [Run({"learning_rate": 1e-3}, 0)]
+    sweep = Sweep(str(tmp_path / "sweep"), runs, sweep_args(data_dir, "--max_iters=5"))
+    directory = sweep.out_dir(runs[0]) if where == "run" else os.path.join(sweep.root, "claims")
+    os.makedirs(directory)
+    fifo = os.path.join(directory, ".lock" if where == "run" else runs[0].name + ".lock")
+    os.mkfifo(fifo)
+    with pytest.raises(BabyGPTError, match=f"{fifo} is not a regular file; delete it"):
+        sweep.run(progress=False)

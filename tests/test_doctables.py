@@ -130,7 +130,8 @@ def test_the_records_of_single_runs_source_a_figure_only_where_named(results):
     section naming the experiment does not search them, a marker naming the run does."""
     run = results / "results" / "exp" / "runs" / "a__seed=0"
     run.mkdir(parents=True)
-    (run / "summary.json").write_text('{"val_loss_full": 2.4567}')
+    (run / "summary.json").write_text('{"status": "finished", "iter": 5, "val_loss_full": 2.4567, '
+                                      '"final_val_loss": 2.5, "best_val_loss": 2.5}')
     assert findings(results, "It ends at 2.4567.") == \
         ["page.md:5: 2.4567: not in the results its section names (results/exp)"]
     assert findings(results, "It ends at 2.4567. <!-- source: results/exp/runs/a__seed=0/summary.json -->") == []

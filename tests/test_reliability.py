@@ -222,6 +222,54 @@ def test_nonfinite_skip_mode_skips_steps_and_finishes(data_dir, tmp_path):
     assert rows(out)[-1]["skipped_steps"] == 6
 
 
+@pytest.mark.parametrize("k,in_eval", [(10, False), (25, True)], ids=["most-steps-skipped", "last-evals-nan"])
+def test_a_run_without_a_finite_result_is_skipped_out_never_finished(k, in_eval, data_dir, tmp_path):
+    """nonfinite=skip reaches max_iters whatever happens: with 31 of 40 steps skipped, or with every
+    evaluation from iteration 25 on NaN, the run has no result and says so."""
+    out = tmp_path / "run"
+    cfg = load_config([f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=40",
+                       "--nonfinite=skip"])
+    s = Trainer(cfg, wrap_model=lambda model: NaNAfter(model, k, in_eval)).train()
+    assert s["status"] == "skipped_out" and s["iter"] == 40
+    assert (s["skipped_steps"] > 20) if not in_eval else (s["val_loss_full"] is None and s["final_eval_iter"] == 20)
+
+
+@pytest.mark.slow
+def test_float16_skip_with_a_hopeless_lr_is_skipped_out(data_dir, tmp_path, capsys):
+    """The case that once exited 0 as "finished": float16, nonfinite=skip, an LR at which every step
+    overflows. It ends with exit 3 and status skipped_out."""
+    from babygpt import cli
+
+    out = tmp_path / "run"
+    code = cli.run(cli.train_main, [f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS,
+                                    "--max_iters=30", "--dtype=float16", "--nonfinite=skip", "--learning_rate=9"])
+    assert code == cli.EXIT_DIVERGED and summary(out)["status"] == "skipped_out"
+    assert "skipped_out" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damaged", [{"status": "finished"}, {"status": "done", "iter": 3},
+                                     {"status": "diverged", "iter": 3}, {"status": "collapsed", "iter": 3,
+                                     "val_loss_full": float("nan"), "final_val_loss": 1, "best_val_loss": 1}],
+                         ids=["no-losses", "unknown-status", "no-diverged-at", "nan-loss"])
+def test_a_damaged_summary_is_refused_by_name_by_every_reader(damaged, data_dir, tmp_path):
+    from babygpt.docfigures import check_summary
+    from babygpt.rundir import RunDir, read_summary
+    from babygpt.sweep import Run, Sweep
+
+    runs = [Run({"learning_rate": 1e-3}, 0)]
+    sweep = Sweep(str(tmp_path / "sweep"), runs, [*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", "--max_iters=5"])
+    path = os.path.join(sweep.out_dir(runs[0]), "summary.json")
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as f:
+        json.dump(damaged, f)
+    text = open(path).read()
+    for read in (lambda: read_summary(path), lambda: sweep.run(progress=False), lambda: check_summary(path, text),
+                 lambda: Sweep(sweep.root, runs, sweep.base_args, collect=True).run(progress=False),
+                 lambda: sweep.result(runs[0], None), lambda: RunDir(sweep.out_dir(runs[0])).finished_summary(3)):
+        with pytest.raises(BabyGPTError, match=f"{path} is damaged"):
+            read()
+
+
 def test_interrupt_after_a_nonfinite_step_keeps_the_good_checkpoint(data_dir, tmp_path):
     """Ctrl-C right after a NaN step (before any metrics row saw it): no checkpoint of the bad state."""
     out = tmp_path / "run"

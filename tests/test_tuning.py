@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from babygpt.tuning import LRSearch, mean_loss, ranked, refinement, round_sig, search_all, snap_half_decade
+from babygpt.tuning import mean_loss, ranked, refinement, round_sig, search_all, snap_half_decade
 
 GRID = [3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
 
