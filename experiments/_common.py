@@ -76,8 +76,14 @@ class TrainingOptions(ScaleOutOptions, DataOptions):
 
 def parse(cls, argv: list[str], name: str, doc: str):
     """An instance of options dataclass ``cls`` read from ``argv``, checked before anything is
-    written; ``doc`` is the script's docstring, whose first line is the --help description."""
-    return parse_into(cls, argv, f"python experiments/{name}.py [--key=value ...]", doc.splitlines()[0])
+    written; ``doc`` is the script's docstring, whose first line is the --help description. An
+    option given an empty value (``--lrs=``) is refused: it would otherwise read as "not given"."""
+    args = parse_into(cls, argv, f"python experiments/{name}.py [--key=value ...]", doc.splitlines()[0])
+    empty = [f"--{f.name} is empty; give it a value, or leave it out for its default"
+             for f in dataclasses.fields(args) if getattr(args, f.name) == ""]
+    if empty:
+        raise BabyGPTError(*empty)
+    return args
 
 
 def placements_option():

@@ -555,3 +555,30 @@ def test_a_lock_file_that_is_a_fifo_is_refused_by_name_instead_of_hanging(where,
     os.mkfifo(fifo)
     with pytest.raises(BabyGPTError, match=f"{fifo} is not a regular file; delete it"):
         sweep.run(progress=False)
+
+
+ALL_EXPERIMENTS = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "experiments"))
+                         if f.startswith("exp") and f.endswith(".py"))
+
+
+def text_options(name):
+    """(experiment, option) for every option of the experiment that takes text (lists included)."""
+    import dataclasses
+    import importlib
+    import typing
+
+    module = importlib.import_module(name)
+    cls = next(v for v in vars(module).values() if isinstance(v, type) and issubclass(v, _common.Options)
+               and v.__module__ == name)
+    hints = typing.get_type_hints(cls)
+    return [(name, f.name) for f in dataclasses.fields(cls) if hints[f.name] in (str, typing.Optional[str])]
+
+
+@pytest.mark.parametrize("name,option", [p for n in ALL_EXPERIMENTS for p in text_options(n)])
+def test_an_empty_option_value_is_refused_not_read_as_absent(name, option, capsys):
+    import importlib
+
+    code = cli.run(importlib.import_module(name).main, ["--quick", f"--{option}="])
+    err = capsys.readouterr().err
+    assert_user_error(err, code)
+    assert f"--{option} is empty" in err or "''" in err  # (or refused by the option's own check)
