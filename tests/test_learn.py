@@ -1,9 +1,11 @@
 """The learning path (docs/learn/): every lesson has its parts, and every code block in it runs.
 
-A lesson's Python blocks run in order in one namespace, from the repository root, as a reader
-pasting them into ``python`` would run them; their asserts are what the lesson claims. The tables
+A lesson's Python blocks are pasted in order into one interactive console, from the repository
+root, as the lessons tell a reader to run them (a blank line ends an indented block there); their
+asserts are what the lesson claims. The tables
 under "Look at" are generated blocks, kept equal to the reports by test_doctables."""
 
+import code
 import os
 import re
 
@@ -44,13 +46,32 @@ def test_a_lesson_has_the_idea_code_a_measured_table_and_questions(lesson):
     assert os.path.join("docs", "learn", lesson) in doctables.DOCUMENTS  # its tables are regenerated
 
 
+class Paste(code.InteractiveConsole):
+    """The interactive ``python`` prompt a reader pastes a lesson into, line by line: a blank line
+    ends an indented block there, and a statement right after one without a blank line is a
+    SyntaxError. Whatever the prompt would show as an error is kept in ``errors``."""
+
+    def __init__(self):
+        super().__init__({"__name__": "__console__"})
+        self.errors = []
+
+    def write(self, data):
+        self.errors.append(data)
+
+    def paste(self, block: str) -> None:
+        for line in block.splitlines():
+            self.push(line)
+        self.push("")  # the Enter after the pasted block
+
+
 @pytest.mark.parametrize("lesson", LESSONS)
-def test_every_code_block_of_a_lesson_runs(lesson, monkeypatch, capsys):
+def test_every_code_block_of_a_lesson_runs_pasted_into_the_prompt(lesson, monkeypatch, capsys):
     blocks = FENCE.findall(read(lesson))
     assert blocks, "a lesson shows its idea in code"
     assert [language for language, _ in blocks] == ["python"] * len(blocks), "only Python blocks, all of them run"
     monkeypatch.chdir(ROOT)
-    namespace = {"__name__": "__lesson__"}
-    for number, (_, code) in enumerate(blocks, 1):
-        exec(compile(code, f"{lesson}, block {number}", "exec"), namespace)
+    console = Paste()
+    for number, (_, block) in enumerate(blocks, 1):
+        console.paste(block)
+        assert not console.errors, f"{lesson}, block {number}:\n{''.join(console.errors)}"
     assert capsys.readouterr().out, "each lesson prints what it shows"
