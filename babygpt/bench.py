@@ -32,6 +32,12 @@ from .rundir import write_json
 from .runtime import DTYPES, EMULATED_SLOWDOWN, autocast
 
 USAGE = "python bench.py [CONFIG.py] [--key=value ...] [--json=PATH] [--windows=N] [--window_iters=N]"
+# Training keys that bench.py has no use for: it writes no run directory, and times steps at the
+# peak learning_rate for its own --windows x --window_iters, with no schedule, evaluation or
+# logging. A config file may set them (it describes a run); on the command line they are refused,
+# since a value asked for there would otherwise be silently ignored.
+NOT_USED = ("out_dir", "init_from", "max_iters", "warmup_iters", "lr_decay_iters", "min_lr", "eval_interval",
+            "eval_iters", "log_interval", "diag_interval")
 
 
 @dataclass
@@ -137,12 +143,21 @@ def bench_sampling(model, device: torch.device, dtype: str, new_tokens: int, use
 def read_args(argv: list[str]) -> tuple[TrainConfig, BenchOptions]:
     """The training config and bench.py's own options, every problem reported together."""
     values, extra, problems = parse_train_args(argv, options_of(BenchOptions), USAGE)
+    problems += unused_key_problems(argv)
     cfg, more = build_config(values)
     opts = BenchOptions(**extra)
     problems += opts.problems()
     if problems + more:
         raise BabyGPTError(*problems, *more)
     return cfg, opts
+
+
+def unused_key_problems(argv: list[str]) -> list[str]:
+    """One problem per NOT_USED key that ``argv`` sets (``--key=value`` or ``--key value``: a value
+    never starts with --, so every such key is an argument that does)."""
+    given = dict.fromkeys(arg[2:].partition("=")[0] for arg in argv if arg.startswith("--"))
+    return [f"--{key}: bench.py does not use it (it writes no run and times steps at the peak learning_rate, "
+            f"with no schedule or evaluation); leave it out" for key in given if key in NOT_USED]
 
 
 def run_bench(cfg: TrainConfig, opts: BenchOptions) -> dict:

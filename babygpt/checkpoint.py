@@ -30,6 +30,9 @@ def save_checkpoint(state: dict, path: str) -> None:
 
 def load_checkpoint(path: str, map_location="cpu") -> dict:
     """Load a BabyGPT checkpoint, refusing anything that is not one."""
+    if os.path.isdir(path):
+        raise BabyGPTError(f"checkpoint '{path}' is a directory; give the checkpoint file in it, e.g. "
+                           f"{os.path.join(path, 'best.pt')}")
     if not os.path.isfile(path):
         raise BabyGPTError(f"checkpoint '{path}' not found; train first (python train.py CONFIG) "
                            f"or check the path")
@@ -49,6 +52,22 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise BabyGPTError(f"'{path}' is not a BabyGPT checkpoint (no '{FORMAT}' marker)")
     return state
+
+
+def checkpoint_vocab(ckpt: dict, vocab_size: int, path: str) -> list[str]:
+    """The checkpoint's vocabulary, refused unless it is ``vocab_size`` distinct characters, one per
+    row of the model's token embedding: otherwise ids the model emits (or a prompt maps to) have no
+    character, or a character two ids."""
+    vocab = ckpt.get("vocab")
+    fix = "use another checkpoint (or the run's other one: ckpt.pt / best.pt)"
+    if not isinstance(vocab, list) or not all(isinstance(c, str) and len(c) == 1 for c in vocab):
+        raise BabyGPTError(f"'{path}' is damaged: its vocabulary is not a list of single characters; {fix}")
+    if len(vocab) != vocab_size:
+        raise BabyGPTError(f"'{path}' is damaged: its vocabulary has {len(vocab)} characters but its model's "
+                           f"embedding has {vocab_size} rows (vocab_size); {fix}")
+    if len(set(vocab)) != len(vocab):
+        raise BabyGPTError(f"'{path}' is damaged: its vocabulary lists a character twice; {fix}")
+    return vocab
 
 
 # ---------------------------------------------------------------- random number generators

@@ -7,6 +7,7 @@ Exit codes: 0 done, 2 bad input, 3 diverged, 130 SIGINT, 143 SIGTERM (1 is a bug
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import signal
@@ -59,17 +60,13 @@ def run(main, argv: list[str]) -> int:
         print(f"error: {message}", file=sys.stderr)
         return EXIT_USAGE
     except (MemoryError, RuntimeError) as e:  # an allocation that passed the up-front estimate
-        if not _out_of_memory(e) or debug:
+        from .resources import is_out_of_memory  # here: torch is loaded only by the commands that use it
+
+        if not is_out_of_memory(e) or debug:
             raise
         detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
         print(f"error: out of memory ({detail}); reduce batch_size, block_size, n_embd or n_layer", file=sys.stderr)
         return EXIT_USAGE
-
-
-def _out_of_memory(e: BaseException) -> bool:
-    text = str(e)
-    return (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
-            or "can't allocate memory" in text or "out of memory" in text.lower())
 
 
 def without_option(argv: list[str], name: str) -> list[str]:
@@ -115,9 +112,60 @@ def train_main(argv: list[str]) -> int:
     say(f"done: {summary['iter']} iterations, best val loss {'n/a' if best is None else f'{best:.4f}'}{whole}; "
         f"sample with: python sample.py --ckpt {out}/best.pt")
     if status == "collapsed":
-        say("collapsed: the model is no better than predicting character frequencies (the unigram loss); "
-            "try a lower learning_rate", file=sys.stderr)
+        say(f"collapsed: the model is no better than predicting character frequencies (the unigram loss); "
+            f"{collapse_advice(summary, cfg)}", file=sys.stderr)
     return 0
+
+
+# norm_eps from which on it is not small beside the activations' mean square at init (about 1e-3 under
+# gpt2 init, 1 under xavier): the norms then scale the stream down instead of normalizing it.
+LARGE_NORM_EPS = 1.0
+
+
+def collapse_advice(summary: dict, cfg) -> str:
+    """What to check when a run collapsed, naming only what can have caused it: the learning rate
+    only once steps were taken and no norm_eps drowns the signal, and in the direction the loss
+    points to."""
+    from .ngram import COLLAPSE_MARGIN
+
+    m = cfg.model
+    if summary["iter"] == 0:
+        return ("nothing was trained (max_iters=0 evaluates the model as initialised, and the learning_rate "
+                "played no part); set max_iters > 0 to train it")
+    if m.norm_eps >= LARGE_NORM_EPS and norm_reads_eps(m.norm_type):  # no learning rate fixes that
+        return (f"norm_eps={m.norm_eps:g} is large: a norm divides by sqrt(mean square + norm_eps), so beside "
+                f"activations of mean square about 1e-3 to 1 it scales them down instead of normalizing them; "
+                f"use a small one (default 1e-5)")
+    vocab, loss = vocab_size(cfg.data_dir), summary.get("val_loss_full")
+    if vocab and loss is not None and abs(loss - math.log(vocab)) < COLLAPSE_MARGIN:
+        return (f"its loss stayed at that of uniform guessing (ln {vocab} = {math.log(vocab):.3f}): it learned "
+                f"nothing in {summary['iter']} steps; try a higher learning_rate than {cfg.learning_rate:g}, or "
+                f"more max_iters")
+    return ("try a lower learning_rate (a loss stuck at the unigram is the usual sign of one too high), or more "
+            "max_iters if its loss was still falling (see metrics.jsonl)")
+
+
+def vocab_size(data_dir: str) -> int | None:
+    """The size of the run's vocabulary (ln of it is the loss of uniform guessing); None if unreadable."""
+    from .data import load_meta
+
+    try:
+        return len(load_meta(data_dir)["vocab"])
+    except BabyGPTError:
+        return None
+
+
+def norm_reads_eps(norm_type: str) -> bool:
+    """Whether norm_eps changes what a ``norm_type`` norm computes (not DyT's or the identity's):
+    asked of the norm itself, on a small input, rather than read from its name."""
+    import torch
+
+    from .norms import NormOptions, build_norm
+
+    x = torch.arange(8.0).view(2, 4) / 8  # (2, 4): varying over the batch and the width
+    small, large = (build_norm(norm_type, 4, NormOptions(eps=eps)) for eps in (1e-5, LARGE_NORM_EPS))
+    with torch.no_grad():
+        return not torch.equal(small(x), large(x))
 
 
 def floors_note(summary: dict) -> str:

@@ -23,12 +23,16 @@ from typing import Literal, Optional
 
 from .errors import BabyGPTError, Checked
 from .model import GPTConfig
-from .options import Option, convert as convert_value, format_help, option, options_of, parse, unknown_name
-from .resources import memory_problem, training_bytes
+from .options import Option, Range, convert as convert_value, float_problems, format_help, option, options_of, \
+    parse, unknown_name
+from . import tracker
+from .resources import FIX, attention_bytes, memory_problem, training_bytes
 from .runtime import check_dtype, resolve_device, resolve_dtype
 
 
 MAX_LR = 1e3  # beyond any useful learning rate, far below where float32 arithmetic in AdamW overflows
+AT_LEAST_0 = Range(0)
+BELOW_1 = Range(0, 1, high_open=True)
 
 
 @dataclass
@@ -49,19 +53,25 @@ class TrainConfig(Checked):
     # the model: GPTConfig's fields, set by their own names
     model: GPTConfig = field(default_factory=GPTConfig)
     # optimization
-    learning_rate: float = option(2e-3, "peak learning rate (AdamW)")
-    weight_decay: float = option(0.1, "AdamW weight decay on matrices (never on norm gains or biases)")
-    beta1: float = option(0.9, "AdamW beta1")
-    beta2: float = option(0.99, "AdamW beta2")
+    learning_rate: float = option(2e-3, "peak learning rate (AdamW)", valid=Range(
+        0, MAX_LR, low_open=True, why=": AdamW moves each weight by about learning_rate per step, and far larger "
+                                      "values overflow inside it"))
+    weight_decay: float = option(0.1, "AdamW weight decay on matrices (never on norm gains or biases)",
+                                 valid=AT_LEAST_0)
+    beta1: float = option(0.9, "AdamW beta1", valid=BELOW_1)
+    beta2: float = option(0.99, "AdamW beta2", valid=BELOW_1)
     adam_eps: float = option(1e-8, "AdamW eps, added to sqrt(v) in the update's denominator: a gradient much "
-                                   "smaller than it gets a proportionally smaller step")
+                                   "smaller than it gets a proportionally smaller step", valid=Range(
+        0, 1, low_open=True, why=": AdamW divides by sqrt(v) + adam_eps, and a weight whose gradient is exactly 0 "
+                                 "would get 0/0"))
     z_loss: float = option(0.0, "weight of the z-loss added to the training objective: z_loss * mean of "
                                 "(log Z)^2, Z the softmax normalizer of the output logits (PaLM; Wortsman et al. "
-                                "2023 use 1e-4); the logged and evaluated losses stay plain cross-entropy; 0 = off")
-    grad_clip: float = option(1.0, "clip the global gradient norm to this; 0 = off")
+                                "2023 use 1e-4); the logged and evaluated losses stay plain cross-entropy; 0 = off",
+                          valid=AT_LEAST_0)
+    grad_clip: float = option(1.0, "clip the global gradient norm to this; 0 = off", valid=AT_LEAST_0)
     warmup_iters: int = option(100, "linear warmup from 0 to learning_rate over this many iterations")
     lr_decay_iters: Optional[int] = option(None, "cosine decay reaches min_lr here; none = max_iters")
-    min_lr: float = option(2e-4, "learning rate at the end of the cosine decay")
+    min_lr: float = option(2e-4, "learning rate at the end of the cosine decay", valid=AT_LEAST_0)
     max_iters: int = option(2400, "optimizer steps in total")
     # logging and checkpoints
     eval_interval: int = option(400, "evaluate train/val loss and checkpoint every this many iterations")
@@ -70,6 +80,8 @@ class TrainConfig(Checked):
     diag_interval: int = option(0, "every this many iterations, log per-layer stream RMS, max attention "
                                  "logit, token independence, grad norm and update/weight ratio "
                                  "(babygpt/diagnostics.py); 0 = off")
+    tensorboard: bool = option(False, "also log every metrics row as TensorBoard scalars in out_dir/tensorboard "
+                                      "(needs pip install tensorboard; metrics.jsonl stays the record)")
     init_from: Literal["scratch", "resume"] = option("scratch", "resume continues from out_dir/ckpt.pt")
     nonfinite: Literal["stop", "skip"] = option(
         "stop", "on a non-finite loss: stop the run (status diverged), or skip that step and go on")
@@ -85,26 +97,22 @@ class TrainConfig(Checked):
                 problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.lr_decay_iters is not None and self.lr_decay_iters < self.warmup_iters:
             problems.append(f"lr_decay_iters ({self.lr_decay_iters}) must be >= warmup_iters ({self.warmup_iters})")
-        if not 0 < self.learning_rate <= MAX_LR:
-            problems.append(f"learning_rate must be in (0, {MAX_LR:g}], got {self.learning_rate:g}: AdamW moves each "
-                            f"weight by about learning_rate per step, and far larger values overflow inside it")
-        elif self.learning_rate * self.weight_decay >= 1:
+        if not 0 <= self.seed < 2**32:
+            problems.append(f"seed must be in [0, 2**32), got {self.seed}")
+        if self.tensorboard and tracker.missing_problem():
+            problems.append(tracker.missing_problem())
+        floats = float_problems(self)  # every float key's own declared range
+        return problems + (floats or self.float_pair_problems())  # the pairs are read once both are valid
+
+    def float_pair_problems(self) -> list[str]:
+        """The rules between float keys, each of which is already in its own range."""
+        problems = []
+        if self.learning_rate * self.weight_decay >= 1:
             problems.append(f"learning_rate x weight_decay must be below 1, got {self.learning_rate:g} x "
                             f"{self.weight_decay:g}: AdamW scales every decayed weight by (1 - their product) "
                             f"each step; lower one of them")
-        if not 0 <= self.min_lr <= self.learning_rate:
+        if self.min_lr > self.learning_rate:
             problems.append(f"min_lr ({self.min_lr}) must be between 0 and learning_rate ({self.learning_rate})")
-        if not 0 <= self.seed < 2**32:
-            problems.append(f"seed must be in [0, 2**32), got {self.seed}")
-        for name in ("weight_decay", "grad_clip", "z_loss"):
-            if not getattr(self, name) >= 0:
-                problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 < self.adam_eps <= 1:
-            problems.append(f"adam_eps must be in (0, 1], got {self.adam_eps!r}: AdamW divides by "
-                            f"sqrt(v) + adam_eps, and a weight whose gradient is exactly 0 would get 0/0")
-        for name in ("beta1", "beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                problems.append(f"{name} must be in [0, 1), got {getattr(self, name)}")
         return problems
 
     def model_config(self, vocab_size: int) -> GPTConfig:
@@ -226,9 +234,14 @@ def build_config(values: dict) -> tuple[TrainConfig, list[str]]:
 def memory_problems(cfg: TrainConfig, device) -> list[str]:
     """The run refused if even a lower bound of its memory exceeds what ``device`` has free."""
     m = cfg.model
-    needed = training_bytes(m.n_layer, m.n_embd, m.block_size, m.vocab_size, cfg.batch_size)
-    problem = memory_problem(needed, device, f"training with batch_size={cfg.batch_size}, block_size={m.block_size}, "
-                                             f"n_embd={m.n_embd}, n_layer={m.n_layer}")
+    needed = training_bytes(m, cfg.batch_size, device.type, diagnostics=cfg.diag_interval > 0)
+    what, fix = f"batch_size={cfg.batch_size}, block_size={m.block_size}, n_embd={m.n_embd}, n_layer={m.n_layer}", FIX
+    if attention_bytes(m, cfg.batch_size, device.type):  # the attention weights may be what does not fit
+        what, fix = f"{what}, n_head={m.n_head}, dropout={m.dropout:g}", f"{FIX}, or set dropout=0 (then no " \
+                                                                         f"attention weights are kept)"
+    if cfg.diag_interval > 0:
+        what, fix = f"{what}, diag_interval={cfg.diag_interval}", f"{fix}, or set diag_interval=0"
+    problem = memory_problem(needed, device, f"training with {what}", fix)
     return [problem] if problem else []
 
 

@@ -26,6 +26,8 @@ TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/maste
 TINYSHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 TRAIN_FRACTION = 0.9
 META_FORMAT = "babygpt-char-v1"
+PREPARE = "python data/shakespeare_char/prepare.py"
+MIN_SPLIT_TOKENS = 2  # what prepare writes at least: one input and one target
 
 
 class CharTokenizer:
@@ -90,10 +92,18 @@ def read_corpus(data_dir: str, input_path: str | None = None) -> str:
         if not os.path.exists(input_path):
             print(f"downloading TinyShakespeare to {input_path}")
             _download(input_path)
+        elif os.path.isdir(input_path):
+            raise BabyGPTError(f"'{input_path}' is a directory, not the corpus; remove it and re-run "
+                               f"{prepare_command(data_dir)} to download TinyShakespeare, or pass --input PATH")
+        elif os.path.getsize(input_path) == 0:
+            raise BabyGPTError(f"{input_path} is empty; delete it and re-run {prepare_command(data_dir)} to "
+                               f"download TinyShakespeare again, or pass your own corpus with --input PATH")
         elif sha256_of(input_path) != TINYSHAKESPEARE_SHA256:
             raise BabyGPTError(
                 f"{input_path} is not the TinyShakespeare file (sha256 differs: truncated or altered); "
                 f"delete it to download it again, or use your own corpus with prepare.py --input PATH")
+    elif os.path.isdir(input_path):
+        raise BabyGPTError(f"input file '{input_path}' is a directory; pass the text file itself to --input")
     elif not os.path.isfile(input_path):
         raise BabyGPTError(f"input file '{input_path}' not found; check the path")
     with open(input_path, "rb") as f:
@@ -118,13 +128,16 @@ class PrepareOptions:
 def prepare(data_dir: str, input_path: str | None = None) -> dict:
     """Write train.bin, val.bin and meta.json into ``data_dir``; return the meta dict."""
     text = read_corpus(data_dir, input_path)
+    source = input_path or os.path.join(data_dir, "input.txt")
     tok = CharTokenizer.from_text(text)
     if tok.vocab_size > np.iinfo(np.uint16).max + 1:
         raise BabyGPTError(f"the corpus has {tok.vocab_size} distinct characters; uint16 ids allow 65536")
     ids = np.array(tok.encode(text), dtype=np.uint16)
     n_train = int(len(ids) * TRAIN_FRACTION)
     if n_train < 2 or len(ids) - n_train < 2:
-        raise BabyGPTError(f"the corpus has only {len(ids)} characters; use a longer text")
+        what = "is empty" if not len(ids) else f"has only {len(ids)} characters, too few for a train and a val split"
+        raise BabyGPTError(f"the corpus {source} {what}; re-run {prepare_command(data_dir)} with a longer text "
+                           f"(--input FILE)")
     os.makedirs(data_dir, exist_ok=True)
     write_atomic(os.path.join(data_dir, "train.bin"), ids[:n_train].tobytes())
     write_atomic(os.path.join(data_dir, "val.bin"), ids[n_train:].tobytes())
@@ -132,6 +145,11 @@ def prepare(data_dir: str, input_path: str | None = None) -> dict:
             "train_tokens": n_train, "val_tokens": len(ids) - n_train}
     write_atomic(os.path.join(data_dir, "meta.json"), json.dumps(meta, ensure_ascii=False).encode())
     return meta
+
+
+def prepare_command(data_dir: str) -> str:
+    """``python data/shakespeare_char/prepare.py --data_dir DIR``: how to make ``data_dir`` again."""
+    return f"{PREPARE} --data_dir {data_dir}"
 
 
 def _paths(data_dir: str) -> dict:
@@ -162,11 +180,17 @@ def load_split(data_dir: str, split: str, meta: dict) -> np.ndarray:
     """Memory-map ``split``.bin after checking it against meta.json."""
     path = _paths(data_dir)[f"{split}.bin"]
     fix = f"delete {data_dir}/*.bin and meta.json and run again to re-prepare"
+    if os.path.isdir(path):
+        raise BabyGPTError(f"'{path}' is a directory, not a data file; remove it, {data_dir}/meta.json and the "
+                           f"other .bin, and run again to re-prepare")
     expected = meta[f"{split}_tokens"]
     size = os.path.getsize(path) if os.path.exists(path) else -1
     if size != 2 * expected:
         raise BabyGPTError(f"{path} holds {max(size, 0)} bytes but meta.json expects {2 * expected} "
                            f"({expected} uint16 tokens): truncated or stale; {fix}")
+    if size < 2 * MIN_SPLIT_TOKENS:  # an empty file cannot even be memory-mapped
+        raise BabyGPTError(f"{path} holds {size // 2} tokens, too few to train on; re-run "
+                           f"{prepare_command(data_dir)} with a longer text (--input FILE)")
     data = np.memmap(path, dtype=np.uint16, mode="r")
     if int(data.max()) >= len(meta["vocab"]):
         raise BabyGPTError(f"{path} holds ids outside the vocabulary of meta.json: corrupt; {fix}")
@@ -199,8 +223,10 @@ class BatchSampler:
     def __init__(self, data: np.ndarray, block_size: int, batch_size: int, seed: int,
                  device: str | torch.device = "cpu", split: str = "train"):
         if len(data) <= block_size:
-            raise BabyGPTError(f"block_size ({block_size}) must be smaller than the {split} split "
-                               f"({len(data)} tokens); lower --block_size")
+            path = getattr(data, "filename", None)  # a split read by load_split is a memmap of its file
+            where, rerun = (f" in {path}", prepare_command(os.path.dirname(path))) if path else ("", PREPARE)
+            raise BabyGPTError(f"block_size ({block_size}) must be smaller than the {split} split ({len(data)} tokens"
+                               f"{where}); lower --block_size, or re-run {rerun} with a longer text (--input FILE)")
         self.data, self.block_size, self.batch_size = data, block_size, batch_size
         self.device = torch.device(device)
         self.generator = torch.Generator().manual_seed(seed)

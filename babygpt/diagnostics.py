@@ -26,6 +26,17 @@ optimizer step adds one row to ``metrics.jsonl`` with a value per block (layer 0
   output_logz   one value, not per block: the mean over positions of log Z, the log of the output
                 softmax's normalizer (same extra pass). Cross-entropy does not pin it, and its drift
                 is the output-logit divergence that the z-loss prevents (Wortsman et al. 2023).
+  angular_distance  how far block l turns the stream: arccos of the cosine between the stream
+                entering and leaving the block, over pi, averaged over the (B, T) positions (same
+                extra pass). 0: the block is the identity up to scale; 0.5: orthogonal. Gromov et
+                al. 2024 (arXiv 2403.17887, their released-code analogue ``block_influence`` in the
+                Mix-LN and LayerNorm-Scaling repositories) use it to find blocks that can be pruned;
+                they take the last position only, here every position counts.
+  removal_loss_delta  the loss increase when block l is skipped (its output replaced by its
+                input) on the same batch, next-token cross-entropy over its first T-1 positions:
+                how much the trained model needs the block (Sun et al. 2025, arXiv 2502.05795,
+                Fig. 1: the drop in performance when a layer is removed). Near 0 for a block that
+                a Pre-LN stack has left near the identity. One more forward pass per block.
   grad_norm     L2 norm of the gradient of all of block l's parameters, before clipping.
   update_ratio  ||new - old|| / ||old|| over block l's parameters for this step: how far the
                 optimizer moved the block relative to its size (about 1e-3 is typical of Adam
@@ -40,14 +51,16 @@ import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .model import log_partition
 from .norms import Norm
 
 KEYS = ("resid_rms", "resid_max", "attn_logit_max", "token_independence", "tanh_saturation", "tanh_input_rms", "output_logz",
-        "grad_norm", "update_ratio")
+        "angular_distance", "removal_loss_delta", "grad_norm", "update_ratio")
 SINGLE_VALUE = ("output_logz",)  # one value per measured step, not one per block
-SHARES = ("tanh_saturation",)  # fractions in [0, 1], where 0 is an ordinary value
+SHARES = ("tanh_saturation", "angular_distance")  # fractions in [0, 1], where 0 is an ordinary value
+SIGNED = ("removal_loss_delta",)  # may be negative: drawn on a linear scale
 
 
 class StepHook:
@@ -78,6 +91,31 @@ def token_independence(x: torch.Tensor) -> torch.Tensor:
     return T * x.mean(dim=1).pow(2).sum() / x.pow(2).sum().clamp_min(1e-30)
 
 
+def angular_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """arccos(cos(a_t, b_t)) / pi averaged over the positions of ``a`` and ``b`` (B, T, C): a scalar in [0, 1]."""
+    # float64: arccos is steep near cos = +-1, where float32 rounding would show as a turn of 1e-4
+    cos = F.cosine_similarity(a.double(), b.double(), dim=-1, eps=1e-12).clamp(-1.0, 1.0)  # (B, T)
+    return (torch.arccos(cos).mean() / math.pi).float()
+
+
+@torch.no_grad()
+def removal_loss_deltas(model: nn.Module, idx: torch.Tensor) -> list[float]:
+    """For each block of ``model`` (a GPT), the next-token loss on ``idx`` (B, T) with that block
+    skipped, minus the loss with every block: what removing the block costs, without retraining."""
+    def loss() -> float:
+        logits = model(idx)[0][:, :-1]  # (B, T-1, V): position t predicts token t+1
+        return F.cross_entropy(logits.flatten(0, 1).float(), idx[:, 1:].flatten()).item()
+
+    full, deltas = loss(), []
+    for block in model.blocks:
+        hook = block.register_forward_hook(lambda module, inputs, out: inputs[0])  # the block as identity
+        try:
+            deltas.append(loss() - full)
+        finally:
+            hook.remove()
+    return deltas
+
+
 def _flat_norm(tensors) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.float()) for t in tensors]))
 
@@ -104,11 +142,13 @@ class LayerDiagnostics(StepHook):
         peak: list[torch.Tensor] = []
         share: list[torch.Tensor] = []
         logit_max: list[torch.Tensor] = []
+        turn: list[torch.Tensor] = []
 
         def after_block(module, inputs, out):  # out: (B, T, C), the stream leaving the block
             rms.append(out.float().pow(2).mean().sqrt())
             peak.append(out.float().abs().max())
             share.append(token_independence(out))
+            turn.append(angular_distance(inputs[0], out))
 
         def after_attention(module, inputs, out):  # inputs[0]: (B, T, C), what the attention reads
             logit_max.append(module.attention_logits(inputs[0]).float().max())
@@ -131,6 +171,9 @@ class LayerDiagnostics(StepHook):
         self.model.eval()
         try:
             logits = self.model(idx)[0]  # (B, T, V)
+            for h in hooks:
+                h.remove()
+            self.values["removal_loss_delta"] = removal_loss_deltas(self.model, idx)
         finally:
             self.model.train(was_training)
             for h in hooks:
@@ -139,6 +182,7 @@ class LayerDiagnostics(StepHook):
         self.values["resid_max"] = torch.stack(peak).tolist()
         self.values["token_independence"] = torch.stack(share).tolist()
         self.values["attn_logit_max"] = torch.stack(logit_max).tolist()
+        self.values["angular_distance"] = torch.stack(turn).tolist()
         if any(n > 0 for _, _, n in squash):
             self.values["tanh_saturation"] = [(s / n).item() for s, _, n in squash]
             self.values["tanh_input_rms"] = [(sq / n).sqrt().item() for _, sq, n in squash]

@@ -44,12 +44,25 @@ BLOCK = re.compile(r"(<!-- generated: (?P<source>[^#\s]+)#(?P<key>[\w-]+) -->\n)
                    re.DOTALL)
 
 
+def read_markdown(path: str, what: str = "markdown file") -> str:
+    """The text of ``path``; a BabyGPTError naming it if it is not UTF-8 or cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise BabyGPTError(f"{what} '{path}' is not UTF-8 text (bad byte at offset {e.start}); "
+                           f"save it as UTF-8") from None
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise BabyGPTError(f"cannot read {what} '{path}': {e.strerror}; check the path and its permissions") from None
+
+
 def report_table(report_path: str, key: str) -> str:
     """The markdown table that follows ``<!-- table: key -->`` in a report (its lines up to the
     first line that is not a table row), with a trailing newline."""
     try:
-        with open(report_path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+        lines = read_markdown(report_path, "report").splitlines()
     except FileNotFoundError:
         raise BabyGPTError(f"{report_path} not found; run its experiment first") from None
     marker = f"<!-- table: {key} -->"
@@ -82,8 +95,7 @@ def blocks(text: str) -> list[re.Match]:
 def stale_blocks(path: str, root: str | None = None) -> list[str]:
     """'path: source#key' for each block of ``path`` whose body differs from its report."""
     root = root or ROOT
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    text = read_markdown(path)
     return [f"{path}: {m.group('source')}#{m.group('key')}" for m in blocks(text)
             if m.group("body") != report_table(os.path.join(root, m.group("source")), m.group("key"))]
 
@@ -120,15 +132,17 @@ def main(argv: list[str]) -> int:
     args = parse_into(DocTablesOptions, argv, "python -m babygpt.doctables [FILE ...] [--check]",
                       "Copy the experiments' report tables into the README and docs.")
     paths = args.files or [os.path.join(ROOT, d) for d in DOCUMENTS]
+    figure_paths = args.files or [os.path.join(ROOT, d) for d in FIGURE_DOCUMENTS]
     missing = [p for p in paths if not os.path.isfile(p)]
     if missing:
-        raise BabyGPTError(*[f"no markdown file '{p}'; pass the files to update (default: README.md, "
+        raise BabyGPTError(*[f"'{p}' is a directory; pass markdown files" if os.path.isdir(p) else
+                             f"no markdown file '{p}'; pass the files to update (default: README.md, "
                              f"docs/results.md and the lessons in docs/learn/ of the repository)" for p in missing])
-    if args.check:
-        return check(paths, args.files or [os.path.join(ROOT, d) for d in FIGURE_DOCUMENTS])
+    texts = {path: read_markdown(path) for path in dict.fromkeys(paths + (figure_paths if args.check else []))}
+    if args.check:  # every file read above: a bad one is refused before any finding is printed
+        return check(paths, figure_paths)
     for path in paths:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = texts[path]
         new = render(text)  # every block, or an error before anything is written
         if new != text:
             write_atomic(path, new.encode("utf-8"))

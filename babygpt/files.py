@@ -23,6 +23,8 @@ FIXES = {
     errno.ENOENT: "a directory on that path does not exist and cannot be made there: fix the path",
     errno.EEXIST: "something is already there (e.g. a dangling symlink): choose another path",
     errno.ELOOP: "the path goes through a symlink loop: fix the path",
+    errno.EIO: "the disk or filesystem reported an input/output error: check it (e.g. dmesg), then run the "
+               "command again",
 }
 
 
@@ -69,6 +71,43 @@ def _umask() -> int:
     return mask
 
 
+class _WatchedWrites:
+    """A binary file whose ``write`` keeps the first OSError it raised (a full disk, say): torch.save
+    writes through a C++ writer that replaces that error with a RuntimeError saying only "unexpected
+    pos ..." or "PytorchStreamWriter failed writing file ...", so it must be caught on its way."""
+
+    def __init__(self, file):
+        self._file = file
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self._file.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+
+# What torch's C++ zip writer says when a write fails (it hides the OSError, if there was one).
+TORCH_WRITE_FAILURES = ("PytorchStreamWriter failed writing", "unexpected pos", "file write failed")
+
+
+def write_failure(e: BaseException, watched: _WatchedWrites | None) -> OSError | str | None:
+    """Why writing failed, if ``e`` says it did: the OSError itself, or the one torch's writer hid
+    behind its RuntimeError (else that RuntimeError's first line); None for any other exception."""
+    if isinstance(e, OSError):
+        return e
+    if isinstance(e, RuntimeError):
+        if watched is not None and watched.error is not None:
+            return watched.error
+        if any(text in str(e) for text in TORCH_WRITE_FAILURES):
+            return (str(e).strip().splitlines() or [""])[0][:160]
+    return None
+
+
 @contextlib.contextmanager
 def atomic_open(path: str):
     """Yield a binary file that replaces ``path`` only once fully written.
@@ -76,20 +115,24 @@ def atomic_open(path: str):
     The data goes to a temporary file in the same directory (so the final rename
     stays on one filesystem), is flushed and fsynced, then ``os.replace``d over
     ``path``: readers see the old file or the new one, never a partial one. On
-    any error, the temporary file is removed and ``path`` is untouched.
+    any error, the temporary file is removed and ``path`` is untouched. A write that
+    fails (a full disk, also inside torch.save) is a BabyGPTError naming ``path``.
     """
     directory = os.path.dirname(os.path.abspath(path))
     try:  # the name is capped so that a long file name still leaves room for the prefix
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix="-" + os.path.basename(path)[:100])
     except OSError as e:
         raise user_error(e, path) from None
+    watched, replaced = None, False
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
         with os.fdopen(fd, "wb") as f:
-            yield f
+            watched = _WatchedWrites(f)
+            yield watched
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        replaced = True
         dir_fd = os.open(directory, os.O_RDONLY)  # make the rename itself survive a power loss
         try:
             os.fsync(dir_fd)
@@ -98,15 +141,23 @@ def atomic_open(path: str):
     except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
-        if isinstance(e, OSError):  # e.g. a full disk: say which file, and that the old one is whole
-            raise user_error(e, path, f" ({path} is unchanged)") from None
-        raise
+        failure = write_failure(e, watched)
+        if failure is None:
+            raise
+        # e.g. a full disk: say which file, and whether the old one is whole
+        note = f" (the new {path} is in place, but its rename may not survive a power loss)" if replaced \
+            else f" ({path} is unchanged)"
+        if isinstance(failure, OSError):
+            raise user_error(failure, path, note, original=e) from None
+        raise BabyGPTError(f"writing '{path}' failed: {failure}; free some disk space, or choose a location on "
+                           f"another disk{note}") from None
 
 
-def user_error(e: OSError, path: str, note: str = "") -> Exception:
-    """A BabyGPTError naming ``path`` and the fix, for an error the user can fix; ``e`` itself otherwise."""
+def user_error(e: OSError, path: str, note: str = "", original: BaseException | None = None) -> BaseException:
+    """A BabyGPTError naming ``path`` and the fix, for an error the user can fix; ``original``
+    (default ``e`` itself) otherwise."""
     message = os_error_message(e, path)
-    return BabyGPTError(message + note) if message else e
+    return BabyGPTError(message + note) if message else (original or e)
 
 
 def write_atomic(path: str, data: bytes) -> None:
@@ -136,3 +187,16 @@ def output_file_problems(path: str, option: str, formats: tuple[str, ...] | None
     if not os.access(ancestor, os.W_OK):
         return [f"{option} '{path}' cannot be written: '{ancestor}' is read-only to you; choose another place"]
     return []
+
+
+def write_csv(path: str, fieldnames: list[str], rows: list[dict]) -> None:
+    """Replace ``path`` atomically with a CSV table of ``rows`` (dicts; keys beyond ``fieldnames``
+    are left out), so that a failed write leaves the previous table whole."""
+    import csv
+    import io
+
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=fieldnames, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(path, text.getvalue().encode("utf-8"))

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from .errors import Checked, unknown_choice
 from .init import init_parts, init_weights
-from .norms import NORMS, Norm, NormOptions, build_norm, qk_norm_refusal
-from .options import option
+from .norms import ALPHA_INIT_RANGE, EPS_RANGE, NORMS, Norm, NormOptions, build_norm, norm_class, qk_norm_refusal
+from .options import Range, float_problems, option
 
 PLACEMENTS = ("pre", "post", "sandwich", "deepnorm")  # see the Block docstring
 INITS = ("gpt2", "xavier")  # see babygpt/init.py
@@ -38,18 +38,19 @@ class GPTConfig(Checked):
     n_layer: int = option(4, "number of transformer blocks")
     n_head: int = option(4, "attention heads per block (must divide n_embd)")
     n_embd: int = option(128, "model width")
-    dropout: float = option(0.0, "dropout probability")
+    dropout: float = option(0.0, "dropout probability", valid=Range(0, 1, high_open=True))
     bias: bool = option(True, "biases in Linear layers, and beta in LayerNorm, DyT and BatchNorm")
     norm_type: str = option("rmsnorm", "one of: " + ", ".join(NORMS))
     norm_placement: str = option("pre", "one of: " + ", ".join(PLACEMENTS))
-    norm_eps: float = option(1e-5, "epsilon inside every norm")
+    norm_eps: float = option(1e-5, "epsilon inside every norm", valid=EPS_RANGE)
     final_norm: Optional[bool] = option(
         None, "norm before the LM head; none = on for pre/sandwich, off for post/deepnorm")
     qk_norm: bool = option(False, "normalize queries and keys per head with norm_type before attention")
-    dyt_alpha_init: float = option(0.5, "initial alpha of norm_type dyt: y = gamma*tanh(alpha*x)+beta")
+    dyt_alpha_init: float = option(0.5, "initial alpha of norm_type dyt: y = gamma*tanh(alpha*x)+beta",
+                                   valid=ALPHA_INIT_RANGE)
     dyt_alpha_init_attn: Optional[float] = option(
         None, "initial alpha of each block's ln1 DyT (before attention in pre/sandwich; Zhu et al.'s LLaMA "
-              "recipe gives it a larger one than the other DyTs); none = dyt_alpha_init")
+              "recipe gives it a larger one than the other DyTs); none = dyt_alpha_init", valid=ALPHA_INIT_RANGE)
     emb_scale_learnable: bool = option(
         False, "multiply the token embeddings by a learnable scalar, initialised to sqrt(n_embd) (Zhu et al. "
                "2025's LLaMA recipe for DyT); the tied LM head reads the unscaled matrix")
@@ -78,8 +79,7 @@ class GPTConfig(Checked):
         if (isinstance(self.n_embd, int) and isinstance(self.n_head, int) and self.n_head > 0
                 and self.n_embd > 0 and self.n_embd % self.n_head != 0):
             problems.append(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if not 0.0 <= self.dropout < 1.0:
-            problems.append(f"dropout must be in [0, 1), got {self.dropout!r}")
+        problems += float_problems(self)
         if self.norm_type not in NORMS:
             problems.append(unknown_choice("norm_type", self.norm_type, NORMS))
         if self.norm_placement not in PLACEMENTS:
@@ -92,15 +92,23 @@ class GPTConfig(Checked):
         if self.init_depth_factor is not None and self.norm_placement == "deepnorm":
             problems.append("init_depth_factor does not apply to norm_placement deepnorm (its beta gains are its "
                             "depth scaling); leave init_depth_factor unset")
-        problems += self.norm_options().problems()
-        if self.dyt_alpha_init_attn is not None and not 0 < self.dyt_alpha_init_attn < math.inf:
-            problems.append(f"dyt_alpha_init_attn must be a positive finite number, got {self.dyt_alpha_init_attn!r}")
+        # The norm options are fields here, checked above by the same declared ranges: each problem once.
+        problems += [p for p in self.norm_options().problems() if p not in problems]
         if self.qk_norm and self.norm_type in NORMS:
             reason = qk_norm_refusal(self.norm_type)
             if reason is not None:
                 problems.append(f"qk_norm cannot be used with norm_type {self.norm_type!r}: "
                                 f"{reason}; choose another norm_type or set qk_norm false")
-        return problems
+        return problems + self.identity_norm_problems()
+
+    def identity_norm_problems(self) -> list[str]:
+        """emb_norm (or final_norm=true) asks for a norm that norm_type makes the identity (norm_type
+        none): the switch would change nothing, so a run would not be the ablation it claims to be."""
+        if self.norm_type not in NORMS or not norm_class(NORMS[self.norm_type]).is_identity:
+            return []
+        asked = [name for name, on in (("emb_norm", self.emb_norm), ("final_norm", self.final_norm is True)) if on]
+        return [f"{name} has no effect with norm_type {self.norm_type!r}: that norm is the identity; "
+                f"choose a norm_type that normalizes, or set {name} false" for name in asked]
 
     def norm_options(self) -> NormOptions:
         """The options every norm of the model is built with."""

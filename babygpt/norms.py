@@ -43,6 +43,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import unknown_choice
+from .options import Range
+
+# The values of the norm options a user sets (GPTConfig's norm_eps and dyt_alpha_init), declared once:
+# GPTConfig's fields and NormOptions.problems both check these.
+EPS_RANGE = Range(0, low_open=True)
+ALPHA_INIT_RANGE = Range(0, low_open=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,12 +76,8 @@ class NormOptions:
     def problems(self) -> list[str]:
         """Every invalid option, one message each. The messages name GPTConfig's fields
         (norm_eps, dyt_alpha_init), since those are what a user sets."""
-        problems = []
-        if not self.eps > 0:
-            problems.append(f"norm_eps must be positive, got {self.eps!r}")
-        if not 0 < self.alpha_init < math.inf:
-            problems.append(f"dyt_alpha_init must be a positive finite number, got {self.alpha_init!r}")
-        return problems
+        problems = [EPS_RANGE.problem("norm_eps", self.eps), ALPHA_INIT_RANGE.problem("dyt_alpha_init", self.alpha_init)]
+        return [p for p in problems if p]
 
 
 class Norm(nn.Module):

@@ -38,10 +38,12 @@ class ShowHelp(Exception):
         self.text = text
 
 
-def option(default: Any = MISSING, help: str = "", *, positional: bool = False, metavar: str = ""):
+def option(default: Any = MISSING, help: str = "", *, positional: bool = False, metavar: str = "",
+           valid: "Range | None" = None):
     """A dataclass field that is a command-line option. No default: the option is required.
-    A list default becomes a fresh list per instance (an option that may be given repeatedly)."""
-    meta = {"help": help, "positional": positional, "metavar": metavar}
+    A list default becomes a fresh list per instance (an option that may be given repeatedly).
+    ``valid``: the values a float option accepts (see Range and float_problems)."""
+    meta = {"help": help, "positional": positional, "metavar": metavar, "valid": valid}
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -57,6 +59,7 @@ class Option:
     help: str
     positional: bool = False
     metavar: str = ""
+    valid: "Range | None" = None  # a float option's declared range
 
     @property
     def required(self) -> bool:
@@ -80,7 +83,8 @@ def options_of(cls, exclude: tuple[str, ...] = ()) -> dict[str, Option]:
             continue
         default = f.default_factory() if f.default_factory is not MISSING else f.default
         out[f.name] = Option(f.name, hints[f.name], default, f.metadata.get("help", ""),
-                             f.metadata.get("positional", False), f.metadata.get("metavar", ""))
+                             f.metadata.get("positional", False), f.metadata.get("metavar", ""),
+                             f.metadata.get("valid"))
     return out
 
 
@@ -169,6 +173,75 @@ def _parse_int(name: str, value, from_cli: bool) -> int:
     if isinstance(value, int):
         return value
     raise ValueError(f"{name} must be an integer, got {value!r}")
+
+
+# float32's largest finite number and its smallest normal one (torch.finfo(torch.float32).max / .tiny).
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a float option accepts, declared once with it (``option(..., valid=Range(0, 1))``)
+    and checked by ``float_problems``: finite, from ``low`` to ``high`` (each end open or closed),
+    and representable in float32. Every float key ends up in float32 (the weights, the optimizer's
+    state, the norms' arithmetic): beyond float32's largest number a value becomes inf there, and a
+    nonzero value below its smallest normal number is flushed to 0 (as GPUs and flush-to-zero CPUs
+    do with subnormals), so such a value would silently mean something else."""
+
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+    why: str = ""  # appended to the out-of-range message: why the range is what it is
+
+    def describe(self) -> str:
+        """"positive", ">= 0", "in [0, 1)": the range as a message states it."""
+        if self.high == math.inf:
+            if self.low == 0:
+                return "positive" if self.low_open else ">= 0"
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+    def contains(self, value: float) -> bool:
+        above_low = value > self.low or (value == self.low and not self.low_open)
+        return above_low and (value < self.high or (value == self.high and not self.high_open))
+
+    def problem(self, name: str, value) -> str | None:
+        """Why ``value`` cannot be option ``name``'s, or None."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"{name} must be a number, got {value!r}"
+        if not math.isfinite(value):
+            return f"{name} must be a finite number, got {value!r}"
+        if not self.contains(value):
+            return f"{name} must be {self.describe()}, got {value!r}{self.why}"
+        if abs(value) > FLOAT32_MAX:
+            return (f"{name} must be at most {FLOAT32_MAX:.4g}, float32's largest number (a larger one is inf "
+                    f"in float32), got {value!r}")
+        if 0 < abs(value) < FLOAT32_TINY:
+            zero = "0 or " if self.contains(0.0) else ""
+            return (f"{name} must be {zero}at least {FLOAT32_TINY:.4g}, float32's smallest normal number (a "
+                    f"smaller one underflows to 0 in float32), got {value!r}")
+        return None
+
+
+def float_problems(obj) -> list[str]:
+    """The one check of every float option of dataclass ``obj`` (a float or an Optional float; None
+    passes): its declared Range. A float option declared without one is a bug in the declaration
+    (TypeError), so that no float key can escape the rule."""
+    hints = typing.get_type_hints(type(obj))
+    problems = []
+    for f in dataclasses.fields(obj):
+        if _base(hints[f.name]) is not float:
+            continue
+        valid = f.metadata.get("valid")
+        if valid is None:
+            raise TypeError(f"float option {type(obj).__name__}.{f.name} declares no valid=Range(...)")
+        value = getattr(obj, f.name)
+        problem = None if value is None and _base(hints[f.name]) != hints[f.name] else valid.problem(f.name, value)
+        if problem:
+            problems.append(problem)
+    return problems
 
 
 def unknown_name(name: str, known, kind: str = "option", dashes: str = "--") -> str:

@@ -60,7 +60,9 @@ class OutputDir:
             raise BabyGPTError(f"nothing to collect in '{path}' (no {SETTINGS_FILE}); run the shards first "
                                f"(--shard K/N), or give the --out they wrote to")
         self.replace = taken and had != self.settings
-        if os.path.exists(self.aside) and had != self.settings:
+        # (an --overwrite that failed before it wrote anything new, e.g. right after moving the old
+        # results aside, is continued by any command: nothing of its own is there to keep)
+        if os.path.exists(self.aside) and taken and had != self.settings:
             raise BabyGPTError(f"an earlier --overwrite of '{path}' did not complete: the results it replaces are "
                                f"in '{self.aside}'; run that command again to complete it, or move them back "
                                f"(delete '{path}', then rename '{self.aside}' to it)")

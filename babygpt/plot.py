@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .errors import BabyGPTError
-from .files import output_file_problems
+from .files import output_file_problems, write_atomic
 from .ngram import kn_order, label, strongest
 from .rundir import RunDir, read_record
 from .options import option, parse_into
@@ -30,6 +30,16 @@ def load_run(run_dir: str) -> dict:
         raise BabyGPTError(f"no metrics.jsonl in '{run_dir}'; pass the out_dir of a training run")
     return {"dir": run_dir, "metrics": rundir.metrics_rows(),
             "summary": read_record(rundir.summary) or {}, "info": read_record(rundir.config) or {}}
+
+
+def drawable_problem(run: dict, keys: tuple[str, ...]) -> str | None:
+    """Why ``run`` gives nothing to draw (no row with a finite value of any of ``keys``), or None."""
+    if any(isinstance(r.get(k), (int, float)) and math.isfinite(r[k]) for r in run["metrics"] for k in keys):
+        return None
+    if not run["metrics"]:
+        return f"nothing to plot for '{run['dir']}': its metrics.jsonl has no rows; train it past its first log"
+    return (f"nothing to plot for '{run['dir']}': its metrics.jsonl has no finite {' or '.join(keys)} (all "
+            f"missing or NaN: the run diverged before its first finite value); leave it out")
 
 
 def series(run: dict, key: str) -> tuple[list[int], list[float]]:
@@ -127,7 +137,7 @@ def plot_diagnostics(run: dict, at: list[int] | None = None):
     import numpy as np
     from matplotlib.colors import LogNorm, Normalize
 
-    from .diagnostics import KEYS, SHARES, SINGLE_VALUE
+    from .diagnostics import KEYS, SHARES, SIGNED, SINGLE_VALUE
 
     iters, values = diag_series(run)
     if at:
@@ -146,7 +156,9 @@ def plot_diagnostics(run: dict, at: list[int] | None = None):
               "token_independence": "share of stream same at every position",
               "tanh_saturation": "share of DyT inputs saturated in block",
               "tanh_input_rms": "RMS of DyT's tanh input in block",
-              "output_logz": "output log Z, mean over positions"}
+              "output_logz": "output log Z, mean over positions",
+              "angular_distance": "angular distance, block input to output",
+              "removal_loss_delta": "loss increase when the block is skipped"}
     # Only what this run has: no DyT, no tanh_saturation; runs from before a quantity existed lack it.
     keys = [k for k in KEYS if any(math.isfinite(v) for vs in values[k] for v in vs)]
     fig, axes = new_figure(2, len(keys), figsize=(5 * len(keys), 7.5), squeeze=False)
@@ -162,7 +174,7 @@ def plot_diagnostics(run: dict, at: list[int] | None = None):
             ax.grid(alpha=0.3)
             axes[1, col].axis("off")
             continue
-        log = key not in SHARES  # shares (0 to 1, zero included) read better on a linear scale
+        log = key not in SHARES + SIGNED  # shares (0 to 1, zero included) and signed values: linear scale
         finite = data[np.isfinite(data) & (data > 0 if log else True)]
         norm = (LogNorm if log else Normalize)(finite.min(), finite.max()) if finite.size else None
         mesh = ax.pcolormesh(iters, np.arange(data.shape[0]), np.where(data > 0, data, np.nan) if log else data,
@@ -191,12 +203,19 @@ def new_figure(*args, **kwargs):
 
 
 def save(fig, path: str) -> str:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    """Write ``fig`` to ``path`` (its format from the extension) atomically: a failed write (a full
+    disk) is an error naming ``path`` and leaves the earlier image whole."""
+    import io
+
     import matplotlib.pyplot as plt
 
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.tight_layout()
+    image = io.BytesIO()
+    extension = os.path.splitext(path)[1].lstrip(".").lower()
+    fig.savefig(image, dpi=110, format=extension or None)
     plt.close(fig)
+    write_atomic(path, image.getvalue())
     return path
 
 
@@ -244,6 +263,9 @@ def main(argv: list[str]) -> int:
         return 0
     if args.at:
         raise BabyGPTError("--at needs --diag")
+    empty = [drawable_problem(run, ("val_loss",) if args.no_train else ("loss", "val_loss")) for run in runs]
+    if any(empty):
+        raise BabyGPTError(*[p for p in empty if p])
     fig, ax = new_figure(figsize=(8, 5))
     plot_runs(ax, runs, train_loss=not args.no_train)
     print(f"wrote {save(fig, args.out)}")

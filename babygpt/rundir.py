@@ -197,6 +197,7 @@ def owned(directory: str, dist, device: torch.device):
 class RunDir:
     def __init__(self, path: str, writes: bool = True):
         self.path, self.writes = path, writes
+        self.mirror = None  # also given every metrics row (a TensorBoardTracker, tensorboard = True)
         self.ckpt = os.path.join(path, "ckpt.pt")
         self.best = os.path.join(path, "best.pt")
         self.metrics = os.path.join(path, "metrics.jsonl")
@@ -226,8 +227,10 @@ class RunDir:
             raise BabyGPTError(f"out_dir '{self.path}' is not writable ('{ancestor}' is read-only to you); "
                                f"choose another --out_dir or fix its permissions")
         # A run that wrote any checkpoint or summary is kept; a directory with only the logs of a
-        # run killed before its first checkpoint may be reused.
-        if init_from == "scratch" and any(os.path.exists(p) for p in (self.ckpt, self.best, self.summary)):
+        # run killed before its first checkpoint may be reused (best.pt is written before ckpt.pt,
+        # so a run stopped between the two at its first eval leaves an iteration-0 best.pt alone).
+        if init_from == "scratch" and (any(os.path.exists(p) for p in (self.ckpt, self.summary))
+                                       or os.path.exists(self.best) and not self._untrained_best()):
             raise BabyGPTError(f"out_dir '{self.path}' already holds a run; continue it with "
                                f"--init_from=resume, or choose another --out_dir (nothing was overwritten)")
         if init_from == "resume" and not os.path.exists(self.ckpt):
@@ -239,6 +242,15 @@ class RunDir:
                 raise BabyGPTError(f"{self.config} is damaged (its config or resumes has the wrong type); restore "
                                    f"it, or move the run directory aside to start that run afresh")
             self.metrics_rows()
+
+    def _untrained_best(self) -> bool:
+        """Whether best.pt holds the model as initialised (iteration 0): nothing trained is lost."""
+        from .checkpoint import load_checkpoint
+
+        try:
+            return load_checkpoint(self.best).get("iter") == 0
+        except BabyGPTError:
+            return False
 
     def start(self, info: dict, resumed_at: int | None) -> None:
         """Create the directory and record this start in config.json: ``info`` for a new run; for
@@ -295,6 +307,8 @@ class RunDir:
                     os.fsync(f.fileno())
         except OSError as e:  # e.g. the disk filled up: the checkpoints written so far are whole
             raise user_error(e, self.metrics) from None
+        if self.mirror is not None:
+            self.mirror.log(row)
 
     def finished_summary(self, at_iter: int) -> dict | None:
         """summary.json if it records this run reached its end at ``at_iter``, else None."""

@@ -10,12 +10,12 @@ from typing import Literal, Optional
 
 import torch
 
-from .checkpoint import load_checkpoint
+from .checkpoint import checkpoint_vocab, load_checkpoint
 from .data import CharTokenizer
 from .errors import BabyGPTError
 from .model import GPT, GPTConfig
 from .options import option, parse_into
-from .resources import check_fits, inference_bytes
+from .resources import check_fits, inference_bytes, is_out_of_memory
 from .runtime import DTYPES, resolve_device
 
 MIN_TEMPERATURE = 1e-3  # below this sampling is greedy in all but name, and logits / T overflow near 1e-38
@@ -50,29 +50,33 @@ class SampleOptions:
         return problems
 
 
-def load_model(path: str, device: torch.device, dtype: str = "float32") -> tuple[GPT, CharTokenizer]:
+def load_model(path: str, device: torch.device, dtype: str = "float32",
+               kv_cache: bool = False) -> tuple[GPT, CharTokenizer]:
     """The model and tokenizer stored in a BabyGPT checkpoint, in eval mode, its weights cast to
-    ``dtype``."""
+    ``dtype``; ``kv_cache``: the memory check counts the cache that sampling with it allocates."""
     ckpt = load_checkpoint(path, map_location=device)
     with _damaged(path):
         cfg = GPTConfig(**ckpt["model_config"])
+    tok = CharTokenizer(checkpoint_vocab(ckpt, cfg.vocab_size, path))
     # Before building it: a damaged or hostile file may describe a model no machine can hold.
-    check_fits(inference_bytes(cfg.n_layer, cfg.n_embd, cfg.block_size, cfg.vocab_size), device,
-               f"the model in '{path}' (n_layer={cfg.n_layer}, n_embd={cfg.n_embd})",
+    check_fits(inference_bytes(cfg, device.type, kv_cache), device,
+               f"the model in '{path}' (n_layer={cfg.n_layer}, n_embd={cfg.n_embd}, block_size={cfg.block_size})",
                "use a checkpoint of a smaller model, or a machine with more memory")
     with _damaged(path):
         model = GPT(cfg)
         model.load_state_dict(ckpt["model"])
-        tok = CharTokenizer(ckpt["vocab"])
     return model.to(device=device, dtype=DTYPES[dtype]).eval(), tok
 
 
 @contextlib.contextmanager
 def _damaged(path: str):
-    """Report what a checkpoint's contents break as one error naming the file."""
+    """Report what a checkpoint's contents break as one error naming the file (running out of
+    memory is not damage: cli.run reports it as such)."""
     try:
         yield
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        if is_out_of_memory(e):
+            raise
         raise BabyGPTError(f"'{path}' is damaged or from an incompatible version "
                            f"({type(e).__name__}: {str(e).splitlines()[0][:120]}); use another checkpoint") from None
 
@@ -106,7 +110,7 @@ def sample_cli(argv: list[str]) -> int:
     """sample.py: read the options, load the checkpoint, stream samples to stdout."""
     args = parse_into(SampleOptions, argv, USAGE, "Sample text from a BabyGPT checkpoint.")
     device = resolve_device(args.device)
-    model, tok = load_model(args.ckpt, device, args.dtype)
+    model, tok = load_model(args.ckpt, device, args.dtype, kv_cache=not args.no_kv_cache)
     if args.top_k is not None and not 1 <= args.top_k <= tok.vocab_size:
         raise BabyGPTError(f"--top_k must be between 1 and the vocabulary size {tok.vocab_size}, "
                            f"got {args.top_k}")

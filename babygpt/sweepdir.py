@@ -17,7 +17,6 @@ the first is still running. Running the runs is babygpt.sweep's.
 from __future__ import annotations
 
 import contextlib
-import csv
 import hashlib
 import json
 import os
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 
 from .config import FIELDS, TrainConfig, load_config, to_dict, with_resolved_dtype
 from .errors import BabyGPTError
-from .files import user_error
+from .files import user_error, write_csv
 from .rundir import RunDir, RunLock, read_json, read_record, read_summary
 from .scaleout import claim
 from .state import ENDED
@@ -249,8 +248,5 @@ class SweepDir:
         path = os.path.join(self.root, "results.csv")
         os.makedirs(self.root, exist_ok=True)
         keys = ["label", *COLUMNS] + sorted({k for r in rows for k in r if k.startswith("cfg.")})
-        with open(path, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(path, keys, rows)
         return path

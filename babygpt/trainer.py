@@ -32,6 +32,7 @@ from .ngram import data_floors, is_collapsed
 from .rundir import RunDir, owned, run_record
 from .runtime import autocast, check_dtype, dtype_note, resolve_device, uses_grad_scaler
 from .signals import StopSignals
+from .tracker import TensorBoardTracker
 from .state import TrainState, finite_or_none
 
 # Eval windows are drawn from this one seed, so that every run on the same data, block_size and
@@ -273,7 +274,11 @@ class Trainer:
         """Run until max_iters, a non-finite loss (nonfinite=stop) or SIGINT/SIGTERM, owning
         out_dir all along (a second process is refused). Writes summary.json and returns it."""
         with owned(self.run_dir.path, self.dist, self.device):
-            summary = self._train()
+            try:
+                summary = self._train()
+            finally:
+                if self.run_dir.mirror is not None:
+                    self.run_dir.mirror.close()
         # Only on this normal path: after an exception the other ranks may be inside another
         # collective, and torchrun ends the job when this process exits.
         if self.dist.enabled:
@@ -295,8 +300,11 @@ class Trainer:
                                   self.scaler, self.state, self.dist)
             if self.state.iter >= cfg.max_iters:  # e.g. killed after its last checkpoint: it is complete
                 return self._complete()
+        resumed_at = self.state.iter if cfg.init_from == "resume" else None
         self.run_dir.start(run_record(to_dict(cfg), self.argv, self.device, self.model.num_params(),
-                                      self.dist.world_size), self.state.iter if cfg.init_from == "resume" else None)
+                                      self.dist.world_size), resumed_at)
+        if cfg.tensorboard and self.main:
+            self.run_dir.mirror = TensorBoardTracker(self.run_dir.path, resumed_at)
         if self.main:
             ranks = f" x {self.dist.world_size} processes" if self.dist.enabled else ""
             native, warning = dtype_note(self.device, cfg.dtype)
@@ -454,7 +462,9 @@ class Trainer:
         best = row["val_loss"] < state.best_val_loss
         if best:
             state.best_val_loss = row["val_loss"]
-        self._save(self.run_dir.ckpt, *([self.run_dir.best] if best else []))
+        # best.pt first: a failure between the two writes then leaves ckpt.pt at the previous eval,
+        # so the resume evaluates again and writes best.pt, instead of finding nothing to do.
+        self._save(*([self.run_dir.best] if best else []), self.run_dir.ckpt)
         return True
 
 

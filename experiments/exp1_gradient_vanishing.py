@@ -11,7 +11,6 @@ from-scratch classes) we record, averaged over seeds:
 Writes gradient_vanishing.csv, gradient_vanishing.png and report.md.
 """
 
-import csv
 import os
 import statistics
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import _common
 import torch
 import torch.nn as nn
 
+from babygpt.files import write_csv
 from babygpt.norms import build_norm
 from babygpt.options import option
 from babygpt.plot import new_figure, save
@@ -75,11 +75,10 @@ def main(argv):
             "grad": [statistics.mean(r[1][i] for r in runs) for i in range(args.depth)],
         }
 
-    with open(os.path.join(out, "gradient_vanishing.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["layer"] + [f"act_std_{n}" for n in NORMS] + [f"grad_norm_{n}" for n in NORMS])
-        for i in range(args.depth):
-            w.writerow([i + 1] + [results[n]["std"][i] for n in NORMS] + [results[n]["grad"][i] for n in NORMS])
+    header = ["layer"] + [f"act_std_{n}" for n in NORMS] + [f"grad_norm_{n}" for n in NORMS]
+    write_csv(os.path.join(out, "gradient_vanishing.csv"), header,
+              [dict(zip(header, [i + 1] + [results[n]["std"][i] for n in NORMS] + [results[n]["grad"][i] for n in NORMS]))
+               for i in range(args.depth)])
 
     fig, (a1, a2) = new_figure(1, 2, figsize=(11, 4.2))
     for n in NORMS:

@@ -39,6 +39,7 @@ from typing import Optional
 
 import _common
 
+from babygpt.config import FIELDS
 from babygpt.compare import MIN_PAIRS_FOR_VERDICT, compare_table, equivalence_margin, mean_interval, \
     outcome_counts, run_loss
 from babygpt.errors import BabyGPTError
@@ -77,6 +78,23 @@ def floats(text: str) -> list[float]:
     return [float(v) for v in text.split(",")]
 
 
+def lr_list_problems(text: str) -> list[str]:
+    """What is wrong with an --lrs list: empty, not comma-separated numbers, an LR twice (the grid
+    would silently have one point fewer), or an LR that train.py refuses (learning_rate's declared
+    range, checked here before any run starts)."""
+    try:
+        lrs = floats(text) if text.strip() else []
+    except ValueError:
+        return [f"--lrs takes comma-separated numbers, e.g. 1e-3,3e-3, got {text!r}"]
+    if not lrs:
+        return [f"--lrs takes comma-separated learning rates, e.g. 1e-3,3e-3, got {text!r}"]
+    problems = [p for p in (FIELDS["learning_rate"].valid.problem("--lrs", lr) for lr in lrs) if p]
+    twice = sorted({lr for lr in lrs if lrs.count(lr) > 1})
+    if twice:
+        problems.append(f"--lrs lists {', '.join(f'{lr:g}' for lr in twice)} more than once; give each LR once")
+    return problems
+
+
 @dataclass
 class Exp2Options(_common.TrainingOptions):
     configs: Optional[str] = option(None, "comma-separated config files to compare (none: " + ", ".join(CORE) + ")")
@@ -95,13 +113,7 @@ class Exp2Options(_common.TrainingOptions):
         return self.configs.split(",") if self.configs else [config_path(n) for n in CORE]
 
     def problems(self) -> list[str]:
-        problems = super().problems()
-        try:
-            if self.lrs is not None and (not self.lrs.strip() or
-                                         any(lr <= 0 or not math.isfinite(lr) for lr in floats(self.lrs))):
-                problems.append(f"--lrs takes positive learning rates, got {self.lrs!r}")
-        except ValueError:
-            problems.append(f"--lrs takes comma-separated numbers, got {self.lrs!r}")
+        problems = super().problems() + (lr_list_problems(self.lrs) if self.lrs is not None else [])
         names = [config_name(c) for c in self.config_files()]
         problems += [f"config file '{c}' not found; --configs takes existing files, e.g. config/prenorm_ln.py"
                      for c in self.config_files() if not os.path.isfile(c)]

@@ -20,7 +20,6 @@ Both under this project's GPT-2 init and under Xavier init (GPTConfig.init), Lay
 Writes grad_norm_at_init.csv, grad_norm_at_init.png, amplification.png and report.md.
 """
 
-import csv
 import math
 import os
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import _common
 import torch
 
 from babygpt.data import BatchSampler, load_dataset
+from babygpt.files import write_csv
 from babygpt.model import GPT, INITS, GPTConfig
 from babygpt.options import option
 from babygpt.plot import new_figure, save
@@ -170,12 +170,10 @@ def main(argv):
                 norms[init, pl, d] = ffn_grad_norms(model, train, shape)
                 change[init, pl, d] = output_change(model, probe_idx)  # forward only: the gradients are unused
 
-    with open(os.path.join(out, "grad_norm_at_init.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["init", "placement", "n_layer", "layer", "ffn_grad_norm", "output_change"])
-        for (init, pl, d), values in norms.items():
-            for layer, v in enumerate(values, 1):
-                w.writerow([init, pl, d, layer, v, change[init, pl, d] if layer == d else ""])
+    header = ["init", "placement", "n_layer", "layer", "ffn_grad_norm", "output_change"]
+    write_csv(os.path.join(out, "grad_norm_at_init.csv"), header,
+              [dict(zip(header, [init, pl, d, layer, v, change[init, pl, d] if layer == d else ""]))
+               for (init, pl, d), values in norms.items() for layer, v in enumerate(values, 1)])
     plot_gradients(norms, inits, placements, depths, os.path.join(out, "grad_norm_at_init.png"))
     plot_amplification(change, inits, placements, depths, os.path.join(out, "amplification.png"))
 

@@ -9,7 +9,6 @@ norm_speed_cuda.png on a GPU) and report.md, which holds the measurements (docs/
     python experiments/exp5_norm_speed.py [--quick] [--out DIR] [--data_dir DIR] [--compile_widths W,W] [--set K=V]
 """
 
-import csv
 import os
 import statistics
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import torch
 import torch.nn as nn
 from torch.utils.benchmark import Timer
 
+from babygpt import files
 from babygpt.bench import time_steps, time_training
 from babygpt.config import TrainConfig, load_config, read_config_file
 from babygpt.errors import BabyGPTError
@@ -155,10 +155,7 @@ def end_to_end(args) -> list[dict]:
 
 
 def write_csv(path: str, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
-        w.writeheader()
-        w.writerows(rows)
+    files.write_csv(path, list(dict.fromkeys(k for r in rows for k in r)), rows)
 
 
 def fmt(v) -> str:

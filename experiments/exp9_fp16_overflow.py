@@ -20,7 +20,6 @@ crosses 255.9 is scored on its last checkpoint instead.
 Writes results.csv, fp16_overflow.png and report.md.
 """
 
-import csv
 import math
 import os
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ import torch
 
 from babygpt.compare import run_loss
 from babygpt.data import load_dataset
+from babygpt.files import write_csv
 from babygpt.norms import RMSNorm
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, save
@@ -197,10 +197,7 @@ def main(argv):
                         "max_abs_at_checkpoint": max(at["resid_max"]), "same_as_long_run": same,
                         "loss_fp32": fp32["loss"], "loss_fp16": fp16["loss"], "loss_fp16_naive": naive["loss"],
                         "overflowing_rows_fp16": fp16["overflowing_rows"]})
-    with open(os.path.join(exp.out, "results.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(results[0]))
-        writer.writeheader()
-        writer.writerows(results)
+    write_csv(os.path.join(exp.out, "results.csv"), list(results[0]), results)
     plot(loaded, results, os.path.join(exp.out, "fp16_overflow.png"))
     crossing_table = _common.markdown_table(
         ["LR", "final loss (whole val split)", "max \\|x\\| of the stream, per block, at the end",

@@ -4,14 +4,18 @@ import json
 
 import pytest
 
+from babygpt.bench import NOT_USED
 from conftest import TINY_TRAIN_ARGS, prepare_small_data, run_script
 
 pytestmark = pytest.mark.slow  # runs bench.py as a process
 
+# bench.py refuses the training keys it has no use for (schedule, evaluation, logging) on its command line.
+BENCH_ARGS = [a for a in TINY_TRAIN_ARGS if a[2:].partition("=")[0] not in NOT_USED]
+
 
 def test_bench_prints_table_and_writes_json(tmp_path):
     data = prepare_small_data(tmp_path)
-    proc = run_script("bench.py", *TINY_TRAIN_ARGS, f"--data_dir={data}", "--windows=2", "--window_iters=2",
+    proc = run_script("bench.py", *BENCH_ARGS, f"--data_dir={data}", "--windows=2", "--window_iters=2",
                       "--sample_tokens=40", "--json=bench.json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     for label in ("train tokens/s", "train ms/iter", "MFU", "peak RSS", "matmul peak", "matmul peak by dtype",

@@ -287,7 +287,7 @@ def test_exp2_options_are_checked_together(monkeypatch):
     joined = "\n".join(e.value.problems)
     for fragment in ("--quick and --full are two tiers", "--baseline 'nope' is not among", "--seeds must be at least 2",
                      "--tune_seeds must be at least 2", "--margin takes a positive number",
-                     "--lrs takes positive learning rates", "names a configuration twice",
+                     "--lrs must be in (0, 1000]", "names a configuration twice",
                      "--full has no LR grid", "config file 'other/prenorm_ln.py' not found"):
         assert fragment in joined
 

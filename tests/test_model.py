@@ -50,9 +50,8 @@ def test_causality(placement, norm):
         assert not torch.allclose(out[:, t + 1], base[:, t + 1])  # the change itself is seen
 
 
+@pytest.mark.slow  # 28 trainings of a few seconds: the full suite runs them, the fast loop does not
 @pytest.mark.parametrize("placement,norm", GRID, ids=GRID_IDS)
-
-
 def test_overfits_one_batch(placement, norm):
     # Post-LN with DyT and no final norm: tanh(0.5 x) ~ 0.5 x halves the small stream at each of the
     # 2 * n_layer norms, so the logits start tiny and 60 steps are not enough at the default alpha.

@@ -1,0 +1,60 @@
+"""Optional TensorBoard logging (``tensorboard = True``): every row a run writes to metrics.jsonl,
+also as TensorBoard scalars in ``out_dir/tensorboard/``. metrics.jsonl stays the record that
+everything else reads; the event files are a view of it for ``tensorboard --logdir out``.
+
+Scalars are named by the row's keys: ``loss``, ``val_loss``, ``train_loss``, ``lr``,
+``tokens_per_s``, ...; a per-layer list (the diagnostics, ``diag_interval`` > 0) becomes one
+scalar per layer, ``resid_rms/layer_3``. On a resume, the steps after the checkpoint are purged
+from the view, as they are dropped from metrics.jsonl, and logged again.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+
+LOG_DIR = "tensorboard"
+INSTALL = "pip install tensorboard (or pip install -e '.[tensorboard]')"
+
+
+def missing_problem() -> str | None:
+    """Why ``tensorboard = True`` cannot work here (the package is not installed), or None."""
+    if importlib.util.find_spec("tensorboard") is None:
+        return f"tensorboard = True needs the tensorboard package, which is not installed: {INSTALL}"
+    return None
+
+
+def scalars(row: dict) -> dict[str, float]:
+    """The TensorBoard scalars of a metrics row: its finite numbers, per-layer lists spread out."""
+    out = {}
+    for key, value in row.items():
+        if key == "iter":
+            continue
+        if isinstance(value, list):
+            out.update({f"{key}/layer_{i}": v for i, v in enumerate(value) if _finite(v)})
+        elif _finite(value):
+            out[key] = float(value)
+    return out
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class TensorBoardTracker:
+    """Writes metrics rows as scalars into ``run_dir/tensorboard``; ``resumed_at``: the checkpoint's
+    iteration of a resume, after which earlier events are purged."""
+
+    def __init__(self, run_dir: str, resumed_at: int | None = None):
+        from torch.utils.tensorboard import SummaryWriter
+
+        purge = None if resumed_at is None else resumed_at + 1
+        self.writer = SummaryWriter(os.path.join(run_dir, LOG_DIR), purge_step=purge)
+
+    def log(self, row: dict) -> None:
+        for name, value in scalars(row).items():
+            self.writer.add_scalar(name, value, global_step=row["iter"])
+
+    def close(self) -> None:
+        self.writer.close()

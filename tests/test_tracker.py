@@ -1,0 +1,68 @@
+"""TensorBoard logging (babygpt/tracker.py): what metrics.jsonl holds, read back from the event files."""
+
+import json
+import math
+import os
+
+import pytest
+
+from babygpt import tracker
+
+
+def read_events(log_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(log_dir)
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_scalars_spread_layers_and_drop_what_is_not_a_finite_number():
+    row = {"iter": 5, "loss": 2.5, "val_loss": None, "lr": 1e-3, "resid_rms": [1.0, math.nan, 3.0],
+           "diverged_at": 4, "tokens_per_s": math.inf, "flag": True}
+    assert tracker.scalars(row) == {"loss": 2.5, "lr": 1e-3, "resid_rms/layer_0": 1.0, "resid_rms/layer_2": 3.0,
+                                    "diverged_at": 4.0}
+
+
+def test_missing_package_is_named_with_its_install_command(monkeypatch):
+    monkeypatch.setattr(tracker.importlib.util, "find_spec", lambda name: None)
+    assert "pip install tensorboard" in tracker.missing_problem()
+
+
+def test_rows_read_back_and_a_resume_purges_the_steps_after_its_checkpoint(tmp_path):
+    pytest.importorskip("tensorboard")
+    first = tracker.TensorBoardTracker(str(tmp_path))
+    for it, loss in [(0, 4.0), (10, 3.0), (20, 2.5)]:
+        first.log({"iter": it, "loss": loss})
+    first.close()
+    resumed = tracker.TensorBoardTracker(str(tmp_path), resumed_at=10)  # the checkpoint was at 10
+    resumed.log({"iter": 20, "loss": 2.4})
+    resumed.close()
+    assert read_events(os.path.join(tmp_path, tracker.LOG_DIR))["loss"] == [(0, 4.0), (10, 3.0), (20, pytest.approx(2.4))]
+
+
+def test_a_run_with_tensorboard_logs_what_metrics_jsonl_holds(tmp_path):
+    pytest.importorskip("tensorboard")
+    from babygpt.config import load_config
+    from babygpt.trainer import train
+    from conftest import TINY_TRAIN_ARGS, prepare_small_data
+
+    data_dir = prepare_small_data(tmp_path)
+    out = tmp_path / "run"
+    train(load_config([f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=10",
+                       "--tensorboard", "--diag_interval=5"]))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    events = read_events(str(out / tracker.LOG_DIR))
+    assert events["val_loss"] == [(r["iter"], pytest.approx(r["val_loss"])) for r in rows if "val_loss" in r]
+    assert events["loss"] == [(r["iter"], pytest.approx(r["loss"])) for r in rows if r.get("loss") is not None]
+    assert [s for s, _ in events["resid_rms/layer_1"]] == [5, 10]
+
+
+def test_tensorboard_without_the_package_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    from babygpt import cli
+    from conftest import assert_user_error
+
+    monkeypatch.setattr(tracker.importlib.util, "find_spec", lambda name: None)
+    code = cli.run(cli.train_main, [f"--out_dir={tmp_path / 'run'}", "--tensorboard"])
+    assert_user_error(capsys.readouterr().err, code, "pip install tensorboard")
+    assert not (tmp_path / "run").exists()
