@@ -19,7 +19,7 @@ from typing import Optional
 from .errors import BabyGPTError
 from .files import output_file_problems, write_atomic
 from .ngram import kn_order, label, strongest
-from .rundir import RunDir, read_record
+from .rundir import RunDir, read_record, read_summary
 from .options import option, parse_into
 
 
@@ -29,7 +29,7 @@ def load_run(run_dir: str) -> dict:
     if not os.path.isfile(rundir.metrics):
         raise BabyGPTError(f"no metrics.jsonl in '{run_dir}'; pass the out_dir of a training run")
     return {"dir": run_dir, "metrics": rundir.metrics_rows(),
-            "summary": read_record(rundir.summary) or {}, "info": read_record(rundir.config) or {}}
+            "summary": read_summary(rundir.summary) or {}, "info": read_record(rundir.config) or {}}
 
 
 def drawable_problem(run: dict, keys: tuple[str, ...]) -> str | None:
