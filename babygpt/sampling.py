@@ -65,7 +65,17 @@ def load_model(path: str, device: torch.device, dtype: str = "float32",
     with _damaged(path):
         model = GPT(cfg)
         model.load_state_dict(ckpt["model"])
+    refuse_nonfinite_weights(model, path)
     return model.to(device=device, dtype=DTYPES[dtype]).eval(), tok
+
+
+def refuse_nonfinite_weights(model: GPT, path: str) -> None:
+    """A model with a NaN or inf weight samples text that looks ordinary (argmax and multinomial
+    still pick tokens), so it is refused, naming the first such tensor."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise BabyGPTError(f"'{path}' holds non-finite weights ({name} has NaN or inf): its run had gone bad "
+                               f"when it was saved; sample from the run's best.pt, or an earlier checkpoint")
 
 
 @contextlib.contextmanager

@@ -484,3 +484,19 @@ def test_a_norm_switch_is_refused_where_the_norm_is_the_identity(norm_type, swit
 def test_without_the_switch_norm_type_none_is_fine():
     GPTConfig(norm_type="none", emb_norm=False, final_norm=None)
     build_config({"norm_type": "none", "device": "cpu"})
+
+
+def test_sample_refuses_a_checkpoint_with_nonfinite_weights(tmp_path, capsys):
+    """A NaN weight still samples text that looks ordinary: it is refused, naming the tensor."""
+    from babygpt.checkpoint import load_checkpoint
+
+    cfg = GPTConfig(vocab_size=3, block_size=8, n_layer=1, n_head=1, n_embd=8)
+    model = GPT(cfg)
+    with torch.no_grad():
+        model.blocks[0].ffwd.fc.weight[0, 0] = float("nan")
+    path = str(tmp_path / "nan.pt")
+    save_checkpoint({"model": model.state_dict(), "model_config": dataclasses.asdict(cfg), "vocab": ["a", "b", "c"],
+                     "iter": 10}, path)
+    assert load_checkpoint(path)["iter"] == 10
+    code = cli.run(cli.sample_main, [f"--ckpt={path}", "--device=cpu", "--max_new_tokens=5"])
+    assert_user_error(capsys.readouterr().err, code, "non-finite weights", "blocks.0.ffwd")
