@@ -60,6 +60,9 @@ class OutputDir:
             raise BabyGPTError(f"nothing to collect in '{path}' (no {SETTINGS_FILE}); run the shards first "
                                f"(--shard K/N), or give the --out they wrote to")
         self.replace = taken and had != self.settings
+        if os.path.lexists(self.aside) and not os.path.isdir(self.aside):
+            raise BabyGPTError(f"'{self.aside}' is where --overwrite keeps the results it replaces, but it is not a "
+                               f"directory; move it out of the way (nothing was changed)")
         # (an --overwrite that failed before it wrote anything new, e.g. right after moving the old
         # results aside, is continued by any command: nothing of its own is there to keep)
         if os.path.exists(self.aside) and taken and had != self.settings:

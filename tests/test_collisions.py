@@ -582,3 +582,13 @@ def test_an_empty_option_value_is_refused_not_read_as_absent(name, option, capsy
     err = capsys.readouterr().err
     assert_user_error(err, code)
     assert f"--{option} is empty" in err or "''" in err  # (or refused by the option's own check)
+
+
+def test_a_file_where_overwrite_keeps_the_old_results_is_refused(tmp_path):
+    out = str(tmp_path / "exp1")
+    _common.claim(out, exp_args(), "exp1")
+    (tmp_path / ".exp1.replaced").write_text("mine")
+    before = files_of(tmp_path)
+    with pytest.raises(BabyGPTError, match="exp1.replaced' is where --overwrite keeps .* not a directory"):
+        _common.claim(out, exp_args("--quick", "--overwrite"), "exp1")
+    assert files_of(tmp_path) == before
