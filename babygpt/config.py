@@ -123,6 +123,23 @@ class TrainConfig(Checked):
     def decay_iters(self) -> int:
         return self.max_iters if self.lr_decay_iters is None else self.lr_decay_iters
 
+    def schedule_warnings(self) -> list[str]:
+        """What a valid but probably unintended schedule does, for one warning line each: an LR
+        that never peaks, evaluations too sparse to draw a curve, a decay that ends after the run."""
+        warnings, n = [], self.max_iters
+        if 0 < n < self.warmup_iters:
+            warnings.append(f"max_iters ({n}) < warmup_iters ({self.warmup_iters}): the learning rate never "
+                            f"reaches {self.learning_rate:g}; lower warmup_iters to train at it")
+        if n > 0 and n % self.eval_interval:
+            evals = [*range(0, n, self.eval_interval), n]
+            shown = ", ".join(map(str, evals)) if len(evals) <= 4 else f"every {self.eval_interval} and at {n}"
+            warnings.append(f"max_iters ({n}) is not a multiple of eval_interval ({self.eval_interval}): the run "
+                            f"is evaluated at iterations {shown} only; set eval_interval to a divisor of max_iters")
+        if self.decay_iters > n > 0:
+            warnings.append(f"lr_decay_iters ({self.decay_iters}) is past max_iters ({n}): the run stops before "
+                            f"its learning rate decays to min_lr ({self.min_lr:g})")
+        return warnings
+
 
 TRAIN_FIELDS = options_of(TrainConfig, exclude=("model",))
 MODEL_FIELDS = options_of(GPTConfig, exclude=("vocab_size",))  # the vocabulary comes from the data

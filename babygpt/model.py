@@ -20,12 +20,13 @@ from .init import init_parts, init_weights
 from .norms import ALPHA_INIT_RANGE, EPS_RANGE, NORMS, Norm, NormOptions, build_norm, norm_class, qk_norm_refusal
 from .options import Range, float_problems, option
 
-PLACEMENTS = ("pre", "post", "sandwich", "deepnorm")  # see the Block docstring
+PLACEMENTS = ("pre", "post", "sandwich", "deepnorm", "mixln", "output")  # see the Block docstring
 INITS = ("gpt2", "xavier")  # see babygpt/init.py
 INIT_LINEAR = ("normal", "xavier")
 INIT_EMBEDDING = ("small", "unit")
-# Placements whose residual stream reaches the LM head un-normalized: ln_f is on by default for these.
-FINAL_NORM_BY_DEFAULT = ("pre", "sandwich")
+# Placements whose residual stream reaches the LM head un-normalized (Mix-LN's last blocks are Pre-LN):
+# ln_f is on by default for these.
+FINAL_NORM_BY_DEFAULT = ("pre", "sandwich", "mixln", "output")
 
 
 @dataclass
@@ -44,7 +45,7 @@ class GPTConfig(Checked):
     norm_placement: str = option("pre", "one of: " + ", ".join(PLACEMENTS))
     norm_eps: float = option(1e-5, "epsilon inside every norm", valid=EPS_RANGE)
     final_norm: Optional[bool] = option(
-        None, "norm before the LM head; none = on for pre/sandwich, off for post/deepnorm")
+        None, "norm before the LM head; none = on for pre/sandwich/mixln/output, off for post/deepnorm")
     qk_norm: bool = option(False, "normalize queries and keys per head with norm_type before attention")
     dyt_alpha_init: float = option(0.5, "initial alpha of norm_type dyt: y = gamma*tanh(alpha*x)+beta",
                                    valid=ALPHA_INIT_RANGE)
@@ -54,6 +55,12 @@ class GPTConfig(Checked):
     emb_scale_learnable: bool = option(
         False, "multiply the token embeddings by a learnable scalar, initialised to sqrt(n_embd) (Zhu et al. "
                "2025's LLaMA recipe for DyT); the tied LM head reads the unscaled matrix")
+    mixln_alpha: float = option(
+        0.25, "norm_placement mixln: the first floor(mixln_alpha * n_layer) blocks are Post-LN, the rest "
+              "Pre-LN (Li et al. 2024's alpha; 0 = all Pre-LN, 1 = all Post-LN)", valid=Range(0, 1))
+    ln_scaling: bool = option(
+        False, "LayerNorm Scaling (Sun et al. 2025), norm_placement pre only: block l's (1-indexed) ln1 and "
+               "ln2 outputs are multiplied by 1/sqrt(l); ln_f is not scaled")
     emb_norm: bool = option(False, "normalize the embedding output (token + position) with norm_type before "
                                    "block 0 (Peri-LN, Kim et al. 2025)")
     init: str = option(
@@ -89,6 +96,9 @@ class GPTConfig(Checked):
         for name, choices in (("init_linear", INIT_LINEAR), ("init_embedding", INIT_EMBEDDING)):
             if getattr(self, name) is not None and getattr(self, name) not in choices:
                 problems.append(unknown_choice(name, getattr(self, name), choices))
+        if self.ln_scaling and self.norm_placement != "pre":
+            problems.append(f"ln_scaling applies to norm_placement pre only (LayerNorm Scaling scales the "
+                            f"Pre-LN norms), got norm_placement {self.norm_placement!r}; set ln_scaling false")
         if self.init_depth_factor is not None and self.norm_placement == "deepnorm":
             problems.append("init_depth_factor does not apply to norm_placement deepnorm (its beta gains are its "
                             "depth scaling); leave init_depth_factor unset")
@@ -113,6 +123,12 @@ class GPTConfig(Checked):
     def norm_options(self) -> NormOptions:
         """The options every norm of the model is built with."""
         return NormOptions(eps=self.norm_eps, bias=self.bias, alpha_init=self.dyt_alpha_init)
+
+    @property
+    def mixln_post_blocks(self) -> int:
+        """How many blocks, from block 0, Mix-LN makes Post-LN: floor(mixln_alpha * n_layer) (the
+        small tolerance keeps e.g. 0.29 * 100 = 28.999999999999996 at 29)."""
+        return math.floor(self.mixln_alpha * self.n_layer + 1e-9)
 
     @property
     def use_final_norm(self) -> bool:
@@ -265,11 +281,49 @@ class Block(nn.Module):
 
         x ──┬─► ×α ───────────────► (+) ─► ln1 ──┬─► ×α ─────────────────► (+) ─► ln2 ──►
             └─► sa ─► drop ─────────┘            └─► ffwd ─► drop ─────────┘
+
+    LayerNorm Scaling (``ln_scaling``; "The Curse of Depth", Sun et al. 2025, arXiv:2502.05795,
+    code lmsdss/LayerNorm-Scaling peft_pretraining/modeling_llama.py, NORM_TYPE=LNS) is Pre-LN
+    with both norm outputs of block l (1-indexed: block 0 has l = 1) multiplied by
+    ``ln_scale`` = 1/sqrt(l), which curbs the growth of the stream's variance with depth;
+    ``ln_f`` is not scaled (as in the code). The paper also drops the depth-scaled init; here
+    the init stays the configured one (``--init_depth_factor=false`` gives theirs, N(0, 0.02))::
+
+        x ──┬─────────────────────────────────► (+) ──┬─────────────────────────────────────► (+) ──►
+            └─► ln1 ─► ×1/√l ─► sa ─► drop ─────┘     └─► ln2 ─► ×1/√l ─► ffwd ─► drop ─────┘
+
+    Mix-LN (Li et al. 2024, arXiv:2412.13795; code pixeli99/MixLN
+    peft_pretraining/modeling_llama.py, NORM_TYPE=post_pre) makes the first
+    floor(mixln_alpha * n_layer) blocks (0-indexed blocks below that number; alpha = 0.25 by
+    default, as in the paper and the code's scripts) Post-LN and the others Pre-LN; each
+    block's ``placement`` holds which, and its residual path is the one drawn above for it.
+    The paper writes floor(alpha L); the code takes the count itself (env POST_NUM). As in the
+    code, ``ln_f`` exists; its init (no depth factor, embeddings std sqrt(2/5)) is not copied.
+    With P = floor(alpha N)::
+
+        emb ─► block 0 ─► … ─► block P-1 ─► block P ─► … ─► block N-1 ─► ln_f ─► LM head
+               └──────── Post-LN ────────┘  └──────── Pre-LN ─────────┘
+
+    Output norm, as OLMo 2 uses it (OLMo et al. 2025, arXiv:2501.00656; code allenai/OLMo
+    olmo/model.py OLMoSequentialBlock with ``norm_after``): each sublayer reads the raw stream
+    and its *output* is normalized before the add (``ln1``, ``ln2`` here sit after ``sa``
+    and ``ffwd``); the stream is never normalized, so ``ln_f`` is on. The dropout comes after
+    the norm, as in the code. OLMo 2 pairs it with QK-norm (config/olmo2_rms.py), but
+    normalizes the whole query and key projections (all heads together, width C) before the
+    head split, while ``qk_norm`` here normalizes each head on its own (width D)::
+
+        x ──┬──────────────────────────► (+) ──┬───────────────────────────────► (+) ──►
+            └─► sa ─► ln1 ─► drop ───────┘     └─► ffwd ─► ln2 ─► drop ──────────┘
     """
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, index: int = 0):
         super().__init__()
+        # index: this block's position, 0 for the first (Mix-LN and LayerNorm Scaling depend on it).
         self.placement = cfg.norm_placement
+        if cfg.norm_placement == "mixln":
+            self.placement = "post" if index < cfg.mixln_post_blocks else "pre"
+        # LayerNorm Scaling's factor on ln1's and ln2's outputs: 1/sqrt(l), l = index + 1; 1 otherwise.
+        self.ln_scale = 1 / math.sqrt(index + 1) if cfg.ln_scaling else 1.0
         # Weight of the residual: (2N)^(1/4) for DeepNorm, 1 for plain Post-LN (unused otherwise).
         self.residual_scale = (2 * cfg.n_layer) ** 0.25 if cfg.norm_placement == "deepnorm" else 1.0
         attn_alpha = cfg.dyt_alpha_init if cfg.dyt_alpha_init_attn is None else cfg.dyt_alpha_init_attn
@@ -284,12 +338,15 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         # (B, T, C) -> (B, T, C); cache and layer are only used when sampling with a KV cache
-        if self.placement == "pre":
-            x = x + self.drop(self.sa(self.ln1(x), cache, layer))
-            x = x + self.drop(self.ffwd(self.ln2(x)))
+        if self.placement == "pre":  # ln_scale = 1 unless ln_scaling
+            x = x + self.drop(self.sa(self.ln_scale * self.ln1(x), cache, layer))
+            x = x + self.drop(self.ffwd(self.ln_scale * self.ln2(x)))
         elif self.placement == "sandwich":
             x = x + self.drop(self.ln1_out(self.sa(self.ln1(x), cache, layer)))
             x = x + self.drop(self.ln2_out(self.ffwd(self.ln2(x))))
+        elif self.placement == "output":
+            x = x + self.drop(self.ln1(self.sa(x, cache, layer)))
+            x = x + self.drop(self.ln2(self.ffwd(x)))
         else:  # "post", or "deepnorm" (the same with residual_scale != 1)
             x = self.ln1(self.residual_scale * x + self.drop(self.sa(x, cache, layer)))
             x = self.ln2(self.residual_scale * x + self.drop(self.ffwd(x)))
@@ -314,7 +371,7 @@ class GPT(nn.Module):
         # Peri-LN's embedding norm (emb_norm); the identity otherwise, so the state dict keeps its keys.
         self.ln_emb = make_norm(cfg, cfg.n_embd, None if cfg.emb_norm else "none")
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, index) for index in range(cfg.n_layer))
         self.ln_f = make_norm(cfg, cfg.n_embd, None if cfg.use_final_norm else "none")
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         # Weight tying (Press & Wolf 2017): the output layer reuses the input embedding matrix.

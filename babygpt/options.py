@@ -357,4 +357,6 @@ def _show(value) -> str:
         return str(value).lower()
     if isinstance(value, list):
         return ",".join(map(str, value)) or "-"
+    if isinstance(value, str) and not value.isprintable():  # e.g. a newline: shown as \n, not as a line break
+        return repr(value)[1:-1]
     return str(value)

@@ -113,7 +113,7 @@ def plot_runs(ax, runs: list[dict], labels: list[str] | None = None, train_loss:
                         color=color, fontsize=8)
     reference_lines(ax, run_references(runs))
     ax.set_xlabel("iteration")
-    ax.set_ylabel("loss (line: train, dots: val)" if train_loss else "val loss")
+    ax.set_ylabel("loss (faint: train, each logged step; dots: val, each eval)" if train_loss else "val loss (dots: each eval)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 from dataclasses import dataclass
 from typing import Literal, Optional
@@ -26,7 +27,7 @@ USAGE = "python sample.py --ckpt PATH [--start TEXT|FILE:path] [--key value ...]
 class SampleOptions:
     """sample.py's command line."""
 
-    ckpt: str = option(help="checkpoint path, e.g. out/prenorm_rms/best.pt")
+    ckpt: str = option(help="checkpoint path, e.g. out/prenorm_rms/best.pt, or a run directory (its best.pt)")
     start: str = option("\n", "prompt text, or FILE:path to read it from a file")
     num_samples: int = option(3, "how many samples")
     max_new_tokens: int = option(500, "characters per sample")
@@ -116,11 +117,21 @@ def read_prompt(start: str) -> str:
     return start
 
 
+def checkpoint_in(path: str) -> str:
+    """``--ckpt`` as a checkpoint file: a run directory stands for its best.pt (said on stderr)."""
+    best = os.path.join(path, "best.pt")
+    if os.path.isdir(path) and os.path.isfile(best):
+        print(f"sampling from {best}, the run's best checkpoint", file=sys.stderr)
+        return best
+    return path
+
+
 def sample_cli(argv: list[str]) -> int:
     """sample.py: read the options, load the checkpoint, stream samples to stdout."""
     args = parse_into(SampleOptions, argv, USAGE, "Sample text from a BabyGPT checkpoint.")
     device = resolve_device(args.device)
-    model, tok = load_model(args.ckpt, device, args.dtype, kv_cache=not args.no_kv_cache)
+    ckpt = checkpoint_in(args.ckpt)
+    model, tok = load_model(ckpt, device, args.dtype, kv_cache=not args.no_kv_cache)
     if args.top_k is not None and not 1 <= args.top_k <= tok.vocab_size:
         raise BabyGPTError(f"--top_k must be between 1 and the vocabulary size {tok.vocab_size}, "
                            f"got {args.top_k}")
@@ -130,7 +141,12 @@ def sample_cli(argv: list[str]) -> int:
     idx = torch.tensor([tok.encode(prompt)], dtype=torch.long, device=device)  # (1, T)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     out = sys.stdout
-    for i in range(args.num_samples):
+    samples = args.num_samples
+    if args.temperature == 0 and samples > 1:  # greedy decoding has one answer per prompt
+        print(f"--temperature 0 is greedy: every sample would be the same text, so 1 is printed, not {samples}",
+              file=sys.stderr)
+        samples = 1
+    for i in range(samples):
         out.write(prompt)
         for next_id in model.generate_iter(idx, args.max_new_tokens, args.temperature, args.top_k, generator,
                                            use_cache=not args.no_kv_cache):

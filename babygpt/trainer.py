@@ -306,6 +306,10 @@ class Trainer:
         if cfg.tensorboard and self.main:
             self.run_dir.mirror = TensorBoardTracker(self.run_dir.path, resumed_at)
         if self.main:
+            for warning in cfg.schedule_warnings():
+                print(f"warning: {warning}", file=sys.stderr, flush=True)
+            if resumed_at is not None:
+                print(f"resuming from iteration {resumed_at} of {cfg.max_iters} ({self.run_dir.ckpt})", flush=True)
             ranks = f" x {self.dist.world_size} processes" if self.dist.enabled else ""
             native, warning = dtype_note(self.device, cfg.dtype)
             if warning:

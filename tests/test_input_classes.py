@@ -335,7 +335,7 @@ def config_with(key: str, value):
 
 def test_every_float_key_is_found():
     assert set(FLOAT_KEYS) == {"learning_rate", "weight_decay", "beta1", "beta2", "adam_eps", "z_loss", "grad_clip",
-                               "min_lr", "dropout", "norm_eps", "dyt_alpha_init", "dyt_alpha_init_attn"}
+                               "min_lr", "dropout", "norm_eps", "dyt_alpha_init", "dyt_alpha_init_attn", "mixln_alpha"}
     assert (FLOAT32_MAX, FLOAT32_TINY) == (torch.finfo(torch.float32).max, torch.finfo(torch.float32).tiny)
 
 

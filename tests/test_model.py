@@ -100,7 +100,8 @@ def test_postln_layernorm_block_outputs_are_normalized():
 
 
 @pytest.mark.parametrize("placement,expected",
-                         [("pre", RMSNorm), ("post", NoNorm), ("sandwich", RMSNorm), ("deepnorm", NoNorm)])
+                         [("pre", RMSNorm), ("post", NoNorm), ("sandwich", RMSNorm), ("deepnorm", NoNorm),
+                          ("mixln", RMSNorm), ("output", RMSNorm)])
 
 
 def test_final_norm_auto(placement, expected):
@@ -122,8 +123,9 @@ def test_final_norm_forced(final_norm, expected):
 
 
 def test_block_residual_paths(placement):
-    """The Block computes exactly the documented formula for its placement."""
-    cfg = tiny_config(norm_placement=placement, norm_type="layernorm")
+    """The Block computes exactly the documented formula for its placement (Mix-LN's block 0, of 4:
+    Post-LN)."""
+    cfg = tiny_config(norm_placement=placement, norm_type="layernorm", n_layer=4)
     block = Block(cfg)
     for p in block.parameters():  # random gains and biases, so a swapped norm cannot pass
         torch.nn.init.normal_(p, 1.0 if p.dim() == 1 else 0.0, 0.3)
@@ -132,9 +134,12 @@ def test_block_residual_paths(placement):
     if placement == "pre":
         h = x + block.sa(block.ln1(x))
         expected = h + block.ffwd(block.ln2(h))
-    elif placement == "post":
+    elif placement in ("post", "mixln"):
         h = block.ln1(x + block.sa(x))
         expected = block.ln2(h + block.ffwd(h))
+    elif placement == "output":
+        h = x + block.ln1(block.sa(x))
+        expected = h + block.ln2(block.ffwd(h))
     elif placement == "sandwich":
         h = x + block.ln1_out(block.sa(block.ln1(x)))
         expected = h + block.ln2_out(block.ffwd(block.ln2(h)))
@@ -187,7 +192,7 @@ def test_residual_dropout_acts_on_what_each_branch_writes(placement):
             seen.setdefault(name, []).append((args[0], output))
         return record
 
-    last = ("ln1_out", "ln2_out") if placement == "sandwich" else ("sa", "ffwd")
+    last = {"sandwich": ("ln1_out", "ln2_out"), "output": ("ln1", "ln2")}.get(placement, ("sa", "ffwd"))
     for name in (*last, "drop", "ln1", "ln2"):
         getattr(block, name).register_forward_hook(hook(name))
     x = torch.randn(2, 5, cfg.n_embd)
@@ -195,7 +200,7 @@ def test_residual_dropout_acts_on_what_each_branch_writes(placement):
     (d1_in, d1_out), (d2_in, d2_out) = seen["drop"]
     assert torch.equal(d1_in, seen[last[0]][0][1]) and torch.equal(d2_in, seen[last[1]][0][1])
     assert not torch.equal(d1_out, d1_in)  # it drops (p = 0.3 over 320 values)
-    if placement in ("pre", "sandwich"):
+    if block.placement in ("pre", "sandwich", "output"):  # a Mix-LN block is "pre" or "post"
         h = x + d1_out
         assert_close(out, h + d2_out)
     else:

@@ -1,5 +1,6 @@
-"""The normalization variants of issue 9 inside the model: Sandwich-LN, DeepNorm, QK-norm,
-BatchNorm's non-causality, DyT's alpha, and the config combinations that are refused.
+"""The normalization variants of issues 9 and 32 inside the model: Sandwich-LN, DeepNorm, QK-norm,
+BatchNorm's non-causality, DyT's alpha, Mix-LN, LayerNorm Scaling, OLMo 2's output norm, and the
+config combinations that are refused.
 
 The placement x norm_type grid tests (initial loss, causality, overfitting, KV cache) in
 test_model.py cover every variant too; these tests check what is specific to each one.
@@ -69,7 +70,7 @@ def test_sandwich_applies_each_norm_where_stated():
 
 
 def test_only_sandwich_has_output_norms():
-    for placement in ("pre", "post", "deepnorm"):
+    for placement in ("pre", "post", "deepnorm", "mixln", "output"):
         block = GPT(tiny_config(norm_placement=placement)).blocks[0]
         assert not hasattr(block, "ln1_out") and not hasattr(block, "ln2_out")
 
@@ -313,7 +314,8 @@ def test_variant_keys_reach_the_model_config():
     ("prenorm_scale", "pre", "scalenorm", False), ("prenorm_dyt", "pre", "dyt", False),
     ("prenorm_rmsnoparam", "pre", "rmsnorm_noparam", False), ("prenorm_bn", "pre", "batchnorm", False),
     ("sandwich_rms", "sandwich", "rmsnorm", False), ("deepnorm_ln", "deepnorm", "layernorm", False),
-    ("prenorm_rms_qknorm", "pre", "rmsnorm", True),
+    ("prenorm_rms_qknorm", "pre", "rmsnorm", True), ("mixln_rms", "mixln", "rmsnorm", False),
+    ("prenorm_rms_lns", "pre", "rmsnorm", False), ("olmo2_rms", "output", "rmsnorm", True),
 ])
 def test_variant_config_files_build_their_model(name, placement, norm, qk):
     path = os.path.join(ROOT, "config", f"{name}.py")
@@ -322,3 +324,152 @@ def test_variant_config_files_build_their_model(name, placement, norm, qk):
     assert (model_cfg.norm_placement, model_cfg.norm_type, model_cfg.qk_norm) == (placement, norm, qk)
     x = torch.randint(29, (2, 16))
     assert torch.isfinite(GPT(model_cfg)(x, x)[1])
+
+
+# ------------------------------------------------------------------ issue 32: Mix-LN, LNS, output norm
+
+
+def _randomize_norms(model):
+    """Random gains and biases, so that a swapped or skipped norm cannot pass a formula test."""
+    for m in model.modules():
+        if isinstance(m, Norm):
+            for p in m.parameters():
+                torch.nn.init.normal_(p, 1.0 if p.dim() == 1 else 0.0, 0.3)
+
+
+@pytest.mark.parametrize("alpha,n_layer,posts", [
+    (0.25, 4, 1), (0.25, 12, 3), (0.25, 24, 6), (0.25, 2, 0), (0.0, 4, 0), (1.0, 4, 4), (0.5, 5, 2), (0.29, 100, 29),
+])
+def test_mixln_makes_the_first_floor_alpha_n_blocks_post_ln(alpha, n_layer, posts):
+    """floor(alpha * n_layer) blocks from block 0 are Post-LN, the others Pre-LN (the code's 12- and
+    24-layer scripts: POST_NUM 3 and 6)."""
+    cfg = GPTConfig(n_layer=n_layer, n_embd=8, n_head=2, norm_placement="mixln", mixln_alpha=alpha)
+    assert cfg.mixln_post_blocks == posts
+    if n_layer <= 24:
+        model = GPT(cfg)
+        assert [b.placement for b in model.blocks] == ["post"] * posts + ["pre"] * (n_layer - posts)
+        assert isinstance(model.ln_f, RMSNorm)  # the final norm exists, as in the authors' code
+
+
+def test_mixln_blocks_follow_post_then_pre_formulas():
+    """Block 0 of 4 (alpha 0.25): h = ln1(x + sa(x)), out = ln2(h + ffwd(h)); block 3:
+    h = x + sa(ln1(x)), out = h + ffwd(ln2(h)); the model's hidden state chains them and ln_f."""
+    cfg = tiny_config(norm_placement="mixln", norm_type="layernorm", n_layer=4)
+    model = GPT(cfg).eval()
+    _randomize_norms(model)
+    x = torch.randn(2, 5, cfg.n_embd)
+    first, last = model.blocks[0], model.blocks[-1]
+    h = first.ln1(x + first.sa(x))
+    assert_close(first(x), first.ln2(h + first.ffwd(h)))
+    h = x + last.sa(last.ln1(x))
+    assert_close(last(x), h + last.ffwd(last.ln2(h)))
+    idx = torch.randint(cfg.vocab_size, (2, 6))
+    stream = model.tok_emb(idx) + model.pos_emb(torch.arange(6))
+    for i, block in enumerate(model.blocks):
+        if i == 0:
+            stream = block.ln1(stream + block.sa(stream))
+            stream = block.ln2(stream + block.ffwd(stream))
+        else:
+            stream = stream + block.sa(block.ln1(stream))
+            stream = stream + block.ffwd(block.ln2(stream))
+    assert_close(model.hidden(idx), model.ln_f(stream))
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5])
+def test_mixln_alpha_is_checked(bad):
+    with pytest.raises(BabyGPTError, match=r"mixln_alpha must be in \[0, 1\]"):
+        tiny_config(norm_placement="mixln", mixln_alpha=bad)
+
+
+def test_ln_scaling_multiplies_each_blocks_norm_outputs_by_one_over_sqrt_l():
+    """Block i (0-indexed) of a Pre-LN model: out = h + ffwd(ln2(h) / sqrt(i+1)), h = x + sa(ln1(x) /
+    sqrt(i+1)); ln_f is not scaled."""
+    cfg = tiny_config(norm_type="layernorm", n_layer=4, ln_scaling=True)
+    model = GPT(cfg).eval()
+    _randomize_norms(model)
+    x = torch.randn(2, 5, cfg.n_embd)
+    for i, block in enumerate(model.blocks):
+        s = 1 / math.sqrt(i + 1)
+        assert block.ln_scale == s
+        h = x + block.sa(s * block.ln1(x))
+        assert_close(block(x), h + block.ffwd(s * block.ln2(h)))
+    idx = torch.randint(cfg.vocab_size, (2, 6))
+    stream = model.tok_emb(idx) + model.pos_emb(torch.arange(6))
+    for i, block in enumerate(model.blocks):
+        stream = stream + block.sa(block.ln1(stream) / math.sqrt(i + 1))
+        stream = stream + block.ffwd(block.ln2(stream) / math.sqrt(i + 1))
+    assert_close(model.hidden(idx), model.ln_f(stream))
+
+
+def test_ln_scaling_off_is_plain_pre_ln_bit_for_bit():
+    torch.manual_seed(0)
+    plain = GPT(tiny_config(n_layer=3))
+    torch.manual_seed(0)
+    off = GPT(tiny_config(n_layer=3, ln_scaling=False))
+    assert all(b.ln_scale == 1.0 for b in off.blocks)
+    idx = torch.randint(29, (2, 8))
+    assert torch.equal(plain(idx)[0], off(idx)[0])
+
+
+@pytest.mark.parametrize("placement", ["post", "sandwich", "deepnorm", "mixln", "output"])
+def test_ln_scaling_is_refused_outside_pre_ln(placement):
+    with pytest.raises(BabyGPTError, match="ln_scaling applies to norm_placement pre only"):
+        tiny_config(norm_placement=placement, ln_scaling=True)
+
+
+def test_output_norm_block_follows_the_olmo2_formula():
+    """h = x + ln1(sa(x)); out = h + ln2(ffwd(h)): no norm on a sublayer's input. With qk_norm, as
+    config/olmo2_rms.py has it; the model's hidden state chains the blocks and ln_f."""
+    cfg = tiny_config(norm_placement="output", norm_type="rmsnorm", qk_norm=True, n_layer=3)
+    model = GPT(cfg).eval()
+    _randomize_norms(model)
+    x = torch.randn(2, 5, cfg.n_embd)
+    block = model.blocks[1]
+    h = x + block.ln1(block.sa(x))
+    assert_close(block(x), h + block.ln2(block.ffwd(h)))
+    idx = torch.randint(cfg.vocab_size, (2, 6))
+    stream = model.tok_emb(idx) + model.pos_emb(torch.arange(6))
+    for block in model.blocks:
+        stream = stream + block.ln1(block.sa(stream))
+        stream = stream + block.ln2(block.ffwd(stream))
+    assert isinstance(model.ln_f, RMSNorm)
+    assert_close(model.hidden(idx), model.ln_f(stream))
+
+
+def test_output_norm_sublayers_read_the_raw_stream():
+    """Hooks: sa reads x itself, ln1 reads sa's output; ffwd reads h itself, ln2 reads ffwd's output."""
+    cfg = tiny_config(norm_placement="output", norm_type="layernorm")
+    block = GPT(cfg).blocks[0]
+    calls, seen = [], {}
+
+    def hook(name):
+        def record(module, args, output):
+            calls.append(name)
+            seen[name] = (args[0], output)
+        return record
+
+    for name in ("sa", "ln1", "ffwd", "ln2"):
+        getattr(block, name).register_forward_hook(hook(name))
+    x = torch.randn(2, 5, cfg.n_embd)
+    out = block(x)
+    assert calls == ["sa", "ln1", "ffwd", "ln2"]
+    assert torch.equal(seen["sa"][0], x) and torch.equal(seen["ln1"][0], seen["sa"][1])
+    h = x + seen["ln1"][1]
+    assert torch.equal(seen["ffwd"][0], h) and torch.equal(seen["ln2"][0], seen["ffwd"][1])
+    assert_close(out, h + seen["ln2"][1])
+
+
+@pytest.mark.parametrize("overrides", [dict(norm_placement="mixln", n_layer=4), dict(ln_scaling=True, n_layer=3)],
+                         ids=["mixln-4-layers", "ln_scaling"])
+def test_depth_dependent_variants_are_causal_and_kv_cache_matches(overrides):
+    """The grid's tiny 2-layer Mix-LN has no Post-LN block and the grid has no ln_scaling: here with both."""
+    cfg = tiny_config(**overrides)
+    model = GPT(cfg).eval()
+    x = torch.randint(cfg.vocab_size, (2, cfg.block_size))
+    full = model(x)[0]
+    x2 = x.clone()
+    x2[:, 9] = (x2[:, 9] + 1) % cfg.vocab_size
+    assert_close(model(x2)[0][:, :9], full[:, :9])
+    cache = KVCache(cfg, 2, "cpu", torch.float32)
+    steps = [model(x[:, :4], cache=cache)[0]] + [model(x[:, t:t + 1], cache=cache)[0] for t in range(4, cfg.block_size)]
+    assert_close(torch.cat(steps, dim=1), full)
