@@ -34,7 +34,7 @@ from .options import option, parse_into
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The README, the results and the lessons of the learning path (docs/learn/NN-*.md).
-DOCUMENTS = ("README.md", os.path.join("docs", "results.md"),
+DOCUMENTS = ("README.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))),
              *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "learn", "[0-9][0-9]-*.md"))))
 # Every markdown page whose figures must have a source (docfigures.py): the above, and the other docs.
 FIGURE_DOCUMENTS = ("README.md",

@@ -41,11 +41,9 @@ def test_sandwich_has_four_norms_per_block_and_a_final_norm():
     assert model.num_params() - GPT(tiny_config(norm_type="none")).num_params() == n_norms * d
 
 
-def test_sandwich_applies_each_norm_where_stated():
-    """Hooks record the call order and what flows between modules: ln1 -> sa -> ln1_out -> add,
-    then ln2 -> ffwd -> ln2_out -> add."""
-    cfg = tiny_config(norm_placement="sandwich", norm_type="layernorm")
-    block = GPT(cfg).blocks[0]
+def record_calls(block, names):
+    """Forward hooks on ``block``'s submodules ``names``: the order they run in (a list), and what
+    each read and returned ({name: (input, output)}), filled as the block runs."""
     calls, seen = [], {}
 
     def hook(name):
@@ -54,8 +52,17 @@ def test_sandwich_applies_each_norm_where_stated():
             seen[name] = (args[0], output)
         return record
 
-    for name in ("ln1", "sa", "ln1_out", "ln2", "ffwd", "ln2_out"):
+    for name in names:
         getattr(block, name).register_forward_hook(hook(name))
+    return calls, seen
+
+
+def test_sandwich_applies_each_norm_where_stated():
+    """Hooks record the call order and what flows between modules: ln1 -> sa -> ln1_out -> add,
+    then ln2 -> ffwd -> ln2_out -> add."""
+    cfg = tiny_config(norm_placement="sandwich", norm_type="layernorm")
+    block = GPT(cfg).blocks[0]
+    calls, seen = record_calls(block, ("ln1", "sa", "ln1_out", "ln2", "ffwd", "ln2_out"))
     x = torch.randn(2, 5, cfg.n_embd)
     out = block(x)
     assert calls == ["ln1", "sa", "ln1_out", "ln2", "ffwd", "ln2_out"]
@@ -440,16 +447,7 @@ def test_output_norm_sublayers_read_the_raw_stream():
     """Hooks: sa reads x itself, ln1 reads sa's output; ffwd reads h itself, ln2 reads ffwd's output."""
     cfg = tiny_config(norm_placement="output", norm_type="layernorm")
     block = GPT(cfg).blocks[0]
-    calls, seen = [], {}
-
-    def hook(name):
-        def record(module, args, output):
-            calls.append(name)
-            seen[name] = (args[0], output)
-        return record
-
-    for name in ("sa", "ln1", "ffwd", "ln2"):
-        getattr(block, name).register_forward_hook(hook(name))
+    calls, seen = record_calls(block, ("sa", "ln1", "ffwd", "ln2"))
     x = torch.randn(2, 5, cfg.n_embd)
     out = block(x)
     assert calls == ["sa", "ln1", "ffwd", "ln2"]
