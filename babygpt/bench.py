@@ -142,7 +142,7 @@ def bench_sampling(model, device: torch.device, dtype: str, new_tokens: int, use
 
 def read_args(argv: list[str]) -> tuple[TrainConfig, BenchOptions]:
     """The training config and bench.py's own options, every problem reported together."""
-    values, extra, problems = parse_train_args(argv, options_of(BenchOptions), USAGE)
+    values, extra, problems = parse_train_args(argv, options_of(BenchOptions), USAGE, unused=NOT_USED)
     problems += unused_key_problems(argv)
     cfg, more = build_config(values)
     opts = BenchOptions(**extra)

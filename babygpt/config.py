@@ -211,11 +211,13 @@ def _file_values(path: str) -> tuple[dict, list[str]]:
 
 
 def parse_train_args(argv: list[str], extra: dict[str, Option] | None = None,
-                     usage: str = USAGE) -> tuple[dict, dict, list[str]]:
+                     usage: str = USAGE, unused: tuple[str, ...] = ()) -> tuple[dict, dict, list[str]]:
     """Read ``[CONFIG.py] [--key=value ...]`` (plus ``extra`` options, e.g. bench.py's own):
-    (config key values with the file's applied first, extra values, problems)."""
+    (config key values with the file's applied first, extra values, problems). ``unused``: keys
+    the command does not read, left out of its --help."""
     options = {"config": CONFIG_FILE, **FIELDS, **(extra or {})}
-    values, problems = parse(argv, options, usage, kind="config key", dashes="", help_text=help_text(extra, usage))
+    values, problems = parse(argv, options, usage, kind="config key", dashes="",
+                             help_text=help_text(extra, usage, unused))
     path = values.pop("config", None)
     file_values, file_problems = _file_values(path) if path is not None else ({}, [])
     keys = {k: v for k, v in values.items() if k in FIELDS}
@@ -284,8 +286,9 @@ def to_dict(cfg: TrainConfig) -> dict:
     return {**{k: getattr(cfg, k) for k in TRAIN_FIELDS}, **{k: getattr(cfg.model, k) for k in MODEL_FIELDS}}
 
 
-def help_text(extra: dict[str, Option] | None = None, usage: str = USAGE) -> str:
-    sections = {"positional": {"config": CONFIG_FILE}, "training": TRAIN_FIELDS, "model": MODEL_FIELDS}
+def help_text(extra: dict[str, Option] | None = None, usage: str = USAGE, unused: tuple[str, ...] = ()) -> str:
+    training = {k: o for k, o in TRAIN_FIELDS.items() if k not in unused}
+    sections = {"positional": {"config": CONFIG_FILE}, "training": training, "model": MODEL_FIELDS}
     if extra:
         sections["this command"] = extra
     return format_help(usage, FIELDS, "Defaults < CONFIG.py < --key=value. Keys (type, default, meaning):",

@@ -34,7 +34,15 @@ from .options import option, parse_into
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The README, the results and the lessons of the learning path (docs/learn/NN-*.md).
-DOCUMENTS = ("README.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))),
+def _has_blocks(path: str) -> bool:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return any(line.startswith("<!-- generated: ") and line.rstrip().endswith("-->") for line in f)
+
+
+# The pages whose tables are copied from the reports: the README, every docs/ page holding a
+# generated block, and the lessons.
+DOCUMENTS = ("README.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))
+                                  if _has_blocks(p)),
              *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "learn", "[0-9][0-9]-*.md"))))
 # Every markdown page whose figures must have a source (docfigures.py): the above, and the other docs.
 FIGURE_DOCUMENTS = ("README.md",

@@ -131,6 +131,9 @@ def diag_series(run: dict) -> tuple[list[int], dict[str, list[list[float]]]]:
     return [r["iter"] for r in rows], {k: [as_floats(r.get(k)) for r in rows] for k in KEYS}
 
 
+DIAG_COLUMNS = 3  # quantities side by side in the diagnostics figure
+
+
 def plot_diagnostics(run: dict, at: list[int] | None = None):
     """Top: log10 heatmaps (layer x iteration); bottom: per-layer profiles at the ``at`` iterations
     (default: the first, middle and last measured). Returns the figure."""
@@ -161,10 +164,17 @@ def plot_diagnostics(run: dict, at: list[int] | None = None):
               "removal_loss_delta": "loss increase when the block is skipped"}
     # Only what this run has: no DyT, no tanh_saturation; runs from before a quantity existed lack it.
     keys = [k for k in KEYS if any(math.isfinite(v) for vs in values[k] for v in vs)]
-    fig, axes = new_figure(2, len(keys), figsize=(5 * len(keys), 7.5), squeeze=False)
-    for col, key in enumerate(keys):
+    # A grid, DIAG_COLUMNS quantities wide: each quantity is a heatmap above its per-layer profile.
+    cols = min(DIAG_COLUMNS, len(keys))
+    rows = -(-len(keys) // cols)
+    fig, axes = new_figure(2 * rows, cols, figsize=(5 * cols, 3.75 * 2 * rows), squeeze=False)
+    for empty in range(len(keys), rows * cols):
+        axes[2 * (empty // cols), empty % cols].axis("off")
+        axes[2 * (empty // cols) + 1, empty % cols].axis("off")
+    for n, key in enumerate(keys):
+        top, col = 2 * (n // cols), n % cols
         data = np.array(values[key], dtype=float).T  # (L, n_iters), or (1, n_iters) for output_logz
-        ax = axes[0, col]
+        ax = axes[top, col]
         at_ = diverged_at(run)
         if at_ is not None:
             ax.axvline(at_, color="red", linestyle="--", linewidth=1)
@@ -172,7 +182,7 @@ def plot_diagnostics(run: dict, at: list[int] | None = None):
             ax.plot(iters, data[0])
             ax.set(title=titles[key], xlabel="iteration", ylabel=key)
             ax.grid(alpha=0.3)
-            axes[1, col].axis("off")
+            axes[top + 1, col].axis("off")
             continue
         log = key not in SHARES + SIGNED  # shares (0 to 1, zero included) and signed values: linear scale
         finite = data[np.isfinite(data) & (data > 0 if log else True)]
@@ -181,7 +191,7 @@ def plot_diagnostics(run: dict, at: list[int] | None = None):
                              norm=norm, shading="nearest", cmap="viridis")
         fig.colorbar(mesh, ax=ax)
         ax.set(title=titles[key], xlabel="iteration", ylabel="layer", yticks=range(data.shape[0]))
-        ax = axes[1, col]
+        ax = axes[top + 1, col]
         for i in at:
             ax.plot(np.arange(data.shape[0]), data[:, iters.index(i)], "o-", label=f"iter {i}")
         ax.set_yscale("log" if log else "linear")

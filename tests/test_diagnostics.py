@@ -123,6 +123,10 @@ def test_plot_diag_draws_and_refuses_runs_without_diagnostics(data_dir, tmp_path
     train(load_config([*common, f"--out_dir={tmp_path / 'on'}", "--diag_interval=2"]))
     assert plot_main([str(tmp_path / "on"), "--diag", "--at=2,10", f"--out={tmp_path / 'd.png'}"]) == 0
     assert (tmp_path / "d.png").stat().st_size > 10_000
+    from matplotlib.image import imread
+
+    height, width = imread(str(tmp_path / "d.png")).shape[:2]
+    assert width < 2 * height  # a grid of quantities, not one long row
     train(load_config([*common, f"--out_dir={tmp_path / 'off'}"]))
     from babygpt.cli import run
     assert run(plot_main, [str(tmp_path / "off"), "--diag", f"--out={tmp_path / 'x.png'}"]) == 2

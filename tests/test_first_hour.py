@@ -53,3 +53,13 @@ def test_sample_help_shows_the_newline_default_as_an_escape(capsys):
     assert cli.run(cli.sample_main, ["--help"]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("--start"))
     assert "\\n" in line and "prompt text" in line
+
+
+def test_bench_help_lists_only_the_keys_bench_reads(capsys):
+    from babygpt.bench import NOT_USED, read_args
+    from babygpt.options import ShowHelp
+
+    with pytest.raises(ShowHelp) as shown:
+        read_args(["--help"])
+    listed = {line.split()[0][2:] for line in str(shown.value).splitlines() if line.strip().startswith("--")}
+    assert "learning_rate" in listed and "n_layer" in listed and not listed & set(NOT_USED)
