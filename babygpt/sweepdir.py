@@ -23,7 +23,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-from .config import FIELDS, TrainConfig, load_config, to_dict, with_resolved_dtype
+from .config import FIELDS, TrainConfig, load_config, read_config_file, to_dict, with_resolved_dtype
 from .errors import BabyGPTError
 from .files import user_error, write_csv
 from .rundir import RunDir, RunLock, read_json, read_record, read_summary
@@ -57,7 +57,11 @@ class Run:
             raise BabyGPTError(f"unknown config key(s) in sweep: {', '.join(unknown)}")
         parts = [f"{k}={_fmt(v)}" for k, v in self.overrides.items()]
         if self.config:
-            parts.insert(0, os.path.splitext(os.path.basename(self.config))[0])
+            base = os.path.splitext(os.path.basename(self.config))[0]
+            # A run that overrides what its config file sets is not that config (prenorm_rms with
+            # norm_type=layernorm is a LayerNorm run): its name leads with the overrides instead.
+            replaced = set(self.overrides) & config_keys(self.config)
+            parts = [*parts, f"from={base}"] if replaced else [base, *parts]
         self.label = self.label or ",".join(parts) or "default"
         name = "__".join([*parts, f"seed={self.seed}"]).replace("/", "_")
         raw = os.fsencode(name)  # the bytes the filesystem sees (surrogate-escaped names included)
@@ -65,6 +69,14 @@ class Run:
             digest = hashlib.sha1(raw).hexdigest()[:12]
             name = os.fsdecode(raw[:MAX_NAME - 32]) + f"__{digest}__seed={self.seed}"
         self.name = name
+
+
+def config_keys(path: str) -> set[str]:
+    """The keys a config file sets; none where it cannot be read (SweepDir.check reports that)."""
+    try:
+        return set(read_config_file(path))
+    except (BabyGPTError, OSError):
+        return set()
 
 
 def grid(axes: dict[str, list]) -> list[dict]:

@@ -63,3 +63,14 @@ def test_bench_help_lists_only_the_keys_bench_reads(capsys):
         read_args(["--help"])
     listed = {line.split()[0][2:] for line in str(shown.value).splitlines() if line.strip().startswith("--")}
     assert "learning_rate" in listed and "n_layer" in listed and not listed & set(NOT_USED)
+
+
+def test_a_sweep_run_that_overrides_its_config_is_named_by_the_override():
+    import os
+
+    from babygpt.sweep import Run
+    from conftest import ROOT
+
+    config = os.path.join(ROOT, "config", "prenorm_rms.py")
+    assert Run({"norm_type": "layernorm"}, 0, config).name == "norm_type=layernorm__from=prenorm_rms__seed=0"
+    assert Run({"learning_rate": 1e-3}, 0, config).name == "prenorm_rms__learning_rate=0.001__seed=0"  # unchanged
