@@ -21,6 +21,7 @@ from .norms import ALPHA_INIT_RANGE, EPS_RANGE, NORMS, Norm, NormOptions, build_
 from .options import Range, float_problems, option
 
 PLACEMENTS = ("pre", "post", "sandwich", "deepnorm", "mixln", "output")  # see the Block docstring
+RESIDUAL_GATES = ("none", "rezero", "layerscale")  # what scales a Pre-LN sublayer's output (Block)
 INITS = ("gpt2", "xavier")  # see babygpt/init.py
 INIT_LINEAR = ("normal", "xavier")
 INIT_EMBEDDING = ("small", "unit")
@@ -61,6 +62,14 @@ class GPTConfig(Checked):
     ln_scaling: bool = option(
         False, "LayerNorm Scaling (Sun et al. 2025), norm_placement pre only: block l's (1-indexed) ln1 and "
                "ln2 outputs are multiplied by 1/sqrt(l); ln_f is not scaled")
+    residual_gate: str = option(
+        "none", "scale each sublayer's output before the residual add (norm_placement pre): rezero = one learnable "
+                "scalar per block, shared by its two sublayers, starting at 0 (Bachlechner et al. 2020; use with "
+                "norm_type none); layerscale = a learnable per-channel vector per sublayer, starting at "
+                "layerscale_init (Touvron et al. 2021)")
+    layerscale_init: float = option(
+        0.1, "residual_gate layerscale: the vectors' initial value (CaiT: 0.1 up to 18 blocks, 1e-5 at 24, "
+             "1e-6 deeper)", valid=Range(0, 1, low_open=True))
     emb_norm: bool = option(False, "normalize the embedding output (token + position) with norm_type before "
                                    "block 0 (Peri-LN, Kim et al. 2025)")
     init: str = option(
@@ -96,6 +105,11 @@ class GPTConfig(Checked):
         for name, choices in (("init_linear", INIT_LINEAR), ("init_embedding", INIT_EMBEDDING)):
             if getattr(self, name) is not None and getattr(self, name) not in choices:
                 problems.append(unknown_choice(name, getattr(self, name), choices))
+        if self.residual_gate not in RESIDUAL_GATES:
+            problems.append(unknown_choice("residual_gate", self.residual_gate, RESIDUAL_GATES))
+        elif self.residual_gate != "none" and self.norm_placement != "pre":
+            problems.append(f"residual_gate {self.residual_gate} applies to norm_placement pre only (it scales what "
+                            f"a sublayer adds to the stream), got {self.norm_placement!r}")
         if self.ln_scaling and self.norm_placement != "pre":
             problems.append(f"ln_scaling applies to norm_placement pre only (LayerNorm Scaling scales the "
                             f"Pre-LN norms), got norm_placement {self.norm_placement!r}; set ln_scaling false")
@@ -314,6 +328,14 @@ class Block(nn.Module):
 
         x ──┬──────────────────────────► (+) ──┬───────────────────────────────► (+) ──►
             └─► sa ─► ln1 ─► drop ───────┘     └─► ffwd ─► ln2 ─► drop ──────────┘
+
+    Residual gates (``residual_gate``, pre only) scale what each sublayer adds: ReZero's one
+    scalar α per block, starting at 0 (with ``norm_type none``, ln1 and ln2 are the identity),
+    or LayerScale's per-channel diag(λ), one per sublayer, starting at ``layerscale_init`` (see
+    ``Gate``)::
+
+        x ──┬──────────────────────────────────► (+) ──┬───────────────────────────────────► (+) ──►
+            └─► ln1 ─► sa ─► ×α|diag(λ₁) ─► drop ─┘     └─► ln2 ─► ffwd ─► ×α|diag(λ₂) ─► drop ─┘
     """
 
     def __init__(self, cfg: GPTConfig, index: int = 0):
@@ -335,12 +357,16 @@ class Block(nn.Module):
             self.ln1_out = make_norm(cfg, cfg.n_embd)
             self.ln2_out = make_norm(cfg, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)  # residual dropout, shared by both branches (it has no state)
+        # What scales each sublayer's output before the add (pre only): the identity unless residual_gate.
+        # ReZero's one scalar serves both sublayers, as in the authors' code (one resweight per layer).
+        self.gate_attn = residual_gate(cfg)
+        self.gate_ffwd = self.gate_attn if cfg.residual_gate == "rezero" else residual_gate(cfg)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         # (B, T, C) -> (B, T, C); cache and layer are only used when sampling with a KV cache
-        if self.placement == "pre":  # ln_scale = 1 unless ln_scaling
-            x = x + self.drop(self.sa(self.ln_scale * self.ln1(x), cache, layer))
-            x = x + self.drop(self.ffwd(self.ln_scale * self.ln2(x)))
+        if self.placement == "pre":  # ln_scale = 1 unless ln_scaling; the gates are the identity unless residual_gate
+            x = x + self.drop(self.gate_attn(self.sa(self.ln_scale * self.ln1(x), cache, layer)))
+            x = x + self.drop(self.gate_ffwd(self.ffwd(self.ln_scale * self.ln2(x))))
         elif self.placement == "sandwich":
             x = x + self.drop(self.ln1_out(self.sa(self.ln1(x), cache, layer)))
             x = x + self.drop(self.ln2_out(self.ffwd(self.ln2(x))))
@@ -351,6 +377,32 @@ class Block(nn.Module):
             x = self.ln1(self.residual_scale * x + self.drop(self.sa(x, cache, layer)))
             x = self.ln2(self.residual_scale * x + self.drop(self.ffwd(x)))
         return x
+
+
+class Gate(nn.Module):
+    """A learnable scale on a sublayer's output, ``weight * y`` (y: (B, T, C)). ReZero (Bachlechner
+    et al. 2020, arXiv:2003.04887; code majumderb/rezero, rezero/transformer/rztx.py ``resweight``):
+    a scalar starting at 0, so every block starts as the identity and no norm is needed.
+    LayerScale (Touvron et al. 2021, CaiT, arXiv:2103.17239; code facebookresearch/deit
+    cait_models.py ``LayerScale_Block``, gamma_1 and gamma_2): a per-channel vector starting at a
+    small epsilon. Being 0-d or 1-d, both stay out of weight decay, as in the authors' code."""
+
+    def __init__(self, shape: tuple[int, ...], init: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.full(shape, init))
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        return self.weight * y
+
+
+def residual_gate(cfg: GPTConfig) -> nn.Module:
+    """The gate of one sublayer by ``cfg.residual_gate``: ReZero's scalar at 0, LayerScale's vector
+    at layerscale_init, or the identity."""
+    if cfg.residual_gate == "rezero":
+        return Gate((), 0.0)
+    if cfg.residual_gate == "layerscale":
+        return Gate((cfg.n_embd,), cfg.layerscale_init)
+    return nn.Identity()
 
 
 def log_partition(logits: torch.Tensor) -> torch.Tensor:
@@ -477,8 +529,8 @@ class GPT(nn.Module):
                              betas: tuple[float, float] = (0.9, 0.99), fused: bool = False,
                              eps: float = 1e-8):
         """AdamW with two groups: matrices (dim >= 2: embeddings, Linear weights) are
-        decayed; vectors and scalars (norm gains and biases, ScaleNorm's g, DyT's alpha)
-        are not, since shrinking a gain towards zero fights the normalization it belongs to (the
+        decayed; vectors and scalars (norm gains and biases, ScaleNorm's g, DyT's alpha, the
+        residual gates) are not, since shrinking a gain towards zero fights the normalization it belongs to (the
         learnable embedding scale, a gain too, is not decayed either)."""
         params = list(self.parameters())  # distinct tensors; the tied weight once
         decay = [p for p in params if p.dim() >= 2]
@@ -487,6 +539,7 @@ class GPT(nn.Module):
         # parameter would otherwise be decayed without anyone noticing.
         expected = {id(p) for m in self.modules() if isinstance(m, Norm) for p in m.parameters()}
         expected |= {id(self.emb_scale)} if isinstance(self.emb_scale, nn.Parameter) else set()
+        expected |= {id(m.weight) for m in self.modules() if isinstance(m, Gate)}  # ReZero's alpha, LayerScale's lambda
         expected |= {id(m.bias) for m in self.modules() if isinstance(m, nn.Linear) and m.bias is not None}
         assert {id(p) for p in no_decay} == expected, "norm/bias parameters must be exactly the non-decayed group"
         assert len(decay) + len(no_decay) == len(params), "every parameter must be in exactly one optimizer group"

@@ -184,7 +184,8 @@ def test_ablation_configs_only_set_norm_keys_and_out_dir():
     recipes' own model keys (bias, the embedding scale and norm, DyT's alphas); never the model's size
     or a training key."""
     allowed = {"norm_type", "norm_placement", "final_norm", "out_dir", "qk_norm", "dyt_alpha_init",
-               "dyt_alpha_init_attn", "emb_scale_learnable", "emb_norm", "bias", "mixln_alpha", "ln_scaling"}
+               "dyt_alpha_init_attn", "emb_scale_learnable", "emb_norm", "bias", "mixln_alpha", "ln_scaling",
+               "residual_gate", "layerscale_init"}
     from babygpt.config import read_config_file
     for name in shipped_configs():
         if name.startswith(("prenorm_", "postnorm_", "sandwich_", "deepnorm_", "periln_", "mixln_", "olmo2_")):

@@ -335,7 +335,8 @@ def config_with(key: str, value):
 
 def test_every_float_key_is_found():
     assert set(FLOAT_KEYS) == {"learning_rate", "weight_decay", "beta1", "beta2", "adam_eps", "z_loss", "grad_clip",
-                               "min_lr", "dropout", "norm_eps", "dyt_alpha_init", "dyt_alpha_init_attn", "mixln_alpha"}
+                               "min_lr", "dropout", "norm_eps", "dyt_alpha_init", "dyt_alpha_init_attn", "mixln_alpha",
+                               "layerscale_init"}
     assert (FLOAT32_MAX, FLOAT32_TINY) == (torch.finfo(torch.float32).max, torch.finfo(torch.float32).tiny)
 
 

@@ -471,3 +471,51 @@ def test_depth_dependent_variants_are_causal_and_kv_cache_matches(overrides):
     cache = KVCache(cfg, 2, "cpu", torch.float32)
     steps = [model(x[:, :4], cache=cache)[0]] + [model(x[:, t:t + 1], cache=cache)[0] for t in range(4, cfg.block_size)]
     assert_close(torch.cat(steps, dim=1), full)
+
+
+# ------------------------------------------------------------------ residual gates: ReZero, LayerScale
+
+def test_rezero_blocks_start_as_the_identity_and_share_one_scalar():
+    model = GPT(tiny_config(norm_type="none", residual_gate="rezero"))
+    block = model.blocks[0]
+    x = torch.randn(2, 5, 32)
+    assert_close(block(x), x)  # alpha = 0: the block adds nothing yet
+    assert block.gate_attn is block.gate_ffwd and block.gate_attn.weight.shape == ()
+    with torch.no_grad():
+        block.gate_attn.weight.fill_(0.5)
+    h = x + 0.5 * block.sa(block.ln1(x))  # (B, T, C); ln1 is the identity (norm_type none)
+    assert_close(block(x), h + 0.5 * block.ffwd(block.ln2(h)))
+
+
+def test_layerscale_scales_each_sublayer_by_its_own_vector():
+    block = GPT(tiny_config(residual_gate="layerscale", layerscale_init=0.1)).blocks[0]
+    assert block.gate_attn is not block.gate_ffwd
+    assert_close(block.gate_attn.weight, torch.full((32,), 0.1))
+    with torch.no_grad():
+        block.gate_ffwd.weight.copy_(torch.linspace(0.1, 1.0, 32))
+    x = torch.randn(2, 5, 32)
+    h = x + block.gate_attn.weight * block.sa(block.ln1(x))
+    assert_close(block(x), h + block.gate_ffwd.weight * block.ffwd(block.ln2(h)))
+
+
+def test_gates_are_not_weight_decayed_and_no_gate_is_the_plain_block_bit_for_bit():
+    torch.manual_seed(0)
+    plain = GPT(tiny_config())
+    torch.manual_seed(0)
+    gated = GPT(tiny_config(residual_gate="layerscale", layerscale_init=1.0))
+    idx = torch.randint(0, 29, (2, 16))
+    assert torch.equal(plain(idx)[0], gated(idx)[0])  # lambda = 1 changes nothing
+    optimizer = gated.configure_optimizers(0.1, 1e-3)
+    no_decay = {id(p) for g in optimizer.param_groups if g["weight_decay"] == 0 for p in g["params"]}
+    assert all(id(b.gate_attn.weight) in no_decay and id(b.gate_ffwd.weight) in no_decay for b in gated.blocks)
+
+
+@pytest.mark.parametrize("placement", ["post", "sandwich", "deepnorm", "mixln", "output"])
+def test_residual_gates_are_refused_outside_pre_ln(placement):
+    with pytest.raises(BabyGPTError, match="residual_gate rezero applies to norm_placement pre only"):
+        tiny_config(norm_placement=placement, residual_gate="rezero")
+
+
+def test_an_unknown_gate_is_refused_with_a_suggestion():
+    with pytest.raises(BabyGPTError, match="unknown residual_gate 'rezro'.*did you mean 'rezero'"):
+        tiny_config(residual_gate="rezro")
