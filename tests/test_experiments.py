@@ -158,6 +158,7 @@ def test_plot_cli_and_divergence_marker(small_sweep, tmp_path):
     ("exp7_lr_sensitivity", ["--data_dir={data}", "--jobs=2"], ["lr_sensitivity.png", "results.csv", "report.md"]),
     ("exp8_dyt_saturation", ["--data_dir={data}", "--jobs=2"], ["dyt_saturation.png", "results.csv", "report.md"]),
     ("exp9_fp16_overflow", ["--data_dir={data}", "--jobs=2"], ["fp16_overflow.png", "results.csv", "report.md"]),
+    ("exp10_depth", ["--data_dir={data}", "--jobs=2"], ["depth.png", "results.csv", "report.md"]),
 ])
 def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
     args = [a.format(data=data_dir) for a in extra]
@@ -188,6 +189,9 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
     if script == "exp8_dyt_saturation":  # plain and paper DyT under both inits, saturation measured
         assert len(read_csv(tmp_path / "res" / "results.csv")) == 4
         assert "<!-- table: saturation -->" in report and report.count("| prenorm_dyt_paper |") >= 2
+    if script == "exp10_depth":  # six placements at 4 layers, each measured once, every block
+        assert len(read_csv(tmp_path / "res" / "results.csv")) == 6
+        assert "<!-- table: depth -->" in report and "| mixln_rms | 4 |" in report and "—" not in report
     if script == "exp9_fp16_overflow":  # one LR; the tiny model's stream stays far below 255.9
         rows = read_csv(tmp_path / "res" / "results.csv")
         assert len(rows) == 1 and rows[0]["first_crossing"] == "" and rows[0]["checkpoint_iter"] == "10"
