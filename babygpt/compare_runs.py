@@ -17,7 +17,7 @@ from .errors import BabyGPTError
 from .files import output_file_problems
 from .ngram import label, strongest
 from .options import option, parse_into
-from .rundir import RunDir, read_record, read_summary
+from .rundir import RunDir, latest_config, read_record, read_summary
 
 # Keys that say where or how a run ran, not what it is: never shown as a difference.
 NOT_COMPARED = ("out_dir", "init_from", "device", "compile", "log_interval", "eval_interval", "eval_iters")
@@ -47,9 +47,8 @@ def read_run(path: str) -> RunRecord:
     if not os.path.isdir(path) or not os.path.exists(rundir.config):
         raise BabyGPTError(f"'{path}' is not a run directory (no config.json); pass the out_dir of a training run")
     info = read_record(rundir.config, ("config",))
-    latest = (info.get("resumes") or [info])[-1]  # the settings of its latest start
-    config = latest.get("config") if isinstance(latest, dict) else None
-    if not isinstance(config, dict):
+    config = latest_config(info)
+    if config is None:
         raise BabyGPTError(f"{rundir.config} is damaged (no settings in its last start); restore it")
     speeds = [r["tokens_per_s"] for r in rundir.metrics_rows() if isinstance(r.get("tokens_per_s"), (int, float))]
     return RunRecord(path, config, info.get("num_params"), read_summary(rundir.summary),

@@ -364,9 +364,9 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         # (B, T, C) -> (B, T, C); cache and layer are only used when sampling with a KV cache
-        if self.placement == "pre":  # ln_scale = 1 unless ln_scaling; the gates are the identity unless residual_gate
-            x = x + self.drop(self.gate_attn(self.sa(self.ln_scale * self.ln1(x), cache, layer)))
-            x = x + self.drop(self.gate_ffwd(self.ffwd(self.ln_scale * self.ln2(x))))
+        if self.placement == "pre":  # the gates are the identity unless residual_gate
+            x = x + self.drop(self.gate_attn(self.sa(self._scaled(self.ln1(x)), cache, layer)))
+            x = x + self.drop(self.gate_ffwd(self.ffwd(self._scaled(self.ln2(x)))))
         elif self.placement == "sandwich":
             x = x + self.drop(self.ln1_out(self.sa(self.ln1(x), cache, layer)))
             x = x + self.drop(self.ln2_out(self.ffwd(self.ln2(x))))
@@ -377,6 +377,11 @@ class Block(nn.Module):
             x = self.ln1(self.residual_scale * x + self.drop(self.sa(x, cache, layer)))
             x = self.ln2(self.residual_scale * x + self.drop(self.ffwd(x)))
         return x
+
+    def _scaled(self, h: torch.Tensor) -> torch.Tensor:
+        """A Pre-LN norm's output times LayerNorm Scaling's 1/sqrt(l); untouched (no extra op on
+        the hot path) without ln_scaling."""
+        return h if self.ln_scale == 1.0 else self.ln_scale * h
 
 
 class Gate(nn.Module):

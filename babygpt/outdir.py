@@ -16,13 +16,12 @@ ones beside it, until the same command, run again, completes.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 
 from .errors import BabyGPTError
-from .files import user_error, write_atomic
-from .rundir import read_json
+from .files import user_error
+from .rundir import read_json, write_json
 
 SETTINGS_FILE = "settings.json"
 
@@ -33,10 +32,6 @@ def aside_path(path: str) -> str:
     """Where ``--overwrite`` keeps the old results of ``path`` until the new ones are complete."""
     parent, name = os.path.split(os.path.abspath(path))
     return os.path.join(parent, f".{name}.replaced")
-
-
-def settings_bytes(settings: dict) -> bytes:
-    return (json.dumps(settings, indent=2) + "\n").encode()
 
 
 class OutputDir:
@@ -96,7 +91,7 @@ class OutputDir:
             raise user_error(e, self.path) from None
         settings_file = os.path.join(self.path, SETTINGS_FILE)
         if read_json(settings_file) != self.settings:
-            write_atomic(settings_file, settings_bytes(self.settings))
+            write_json(settings_file, self.settings)
         if os.path.exists(self.aside):
             _PENDING[os.path.abspath(self.path)] = self
         return self.path

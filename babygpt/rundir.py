@@ -63,6 +63,14 @@ def read_record(path: str, required: tuple[str, ...] = ()) -> dict | None:
     return obj
 
 
+def latest_config(record: dict) -> dict | None:
+    """The settings of a run's latest start, from its config.json ``record`` (the last resume's, or
+    the first start's); None if that record holds none."""
+    latest = (record.get("resumes") or [record])[-1]
+    config = latest.get("config") if isinstance(latest, dict) else None
+    return config if isinstance(config, dict) else None
+
+
 def read_summary(path: str) -> dict | None:
     """The summary.json at ``path`` (None if there is none), refusing a damaged one by name: not a
     JSON object, or not what a run writes for its status (state.summary_problems)."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from .config import FIELDS, TrainConfig, load_config, read_config_file, to_dict, with_resolved_dtype
 from .errors import BabyGPTError
 from .files import user_error, write_csv
-from .rundir import RunDir, RunLock, read_json, read_record, read_summary
+from .rundir import RunDir, RunLock, latest_config, read_json, read_record, read_summary
 from .scaleout import claim
 from .state import ENDED
 
@@ -165,9 +165,8 @@ class SweepDir:
     def _check_same_settings(self, run: Run, info: dict) -> None:
         """A run already on disk must have been made with the settings asked for now; otherwise
         its results would be silently mixed into a table that claims other settings."""
-        latest = (info.get("resumes") or [info])[-1]  # the settings of its latest start
-        had = latest.get("config") if isinstance(latest, dict) else None
-        if not isinstance(had, dict):
+        had = latest_config(info)
+        if had is None:
             raise BabyGPTError(f"{self.out_dir(run)}/config.json is damaged (no settings in its last resume "
                                f"record); move that run directory aside to run it again")
         shown = self._differences(had, self._wanted[run.name])
