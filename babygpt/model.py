@@ -1,7 +1,8 @@
 """A character-level GPT whose normalization is chosen by configuration.
 
-Reading order: GPTConfig -> make_norm -> KVCache (for sampling) -> MultiHeadAttention -> FeedForward
--> Block -> GPT.
+Reading order: GPTConfig -> KVCache (for sampling) -> QKScale -> MultiHeadAttention -> FeedForward
+-> Block -> GPT. Where each placement puts the Block's norms, and how it wires its residual branches,
+is declared in babygpt/placements.py.
 Shapes: B batch, T time (positions), C = n_embd, H = n_head, D = C // H, V = vocab_size.
 """
 
@@ -17,17 +18,17 @@ import torch.nn.functional as F
 
 from .errors import Checked, unknown_choice
 from .init import init_parts, init_weights
-from .norms import ALPHA_INIT_RANGE, EPS_RANGE, NORMS, Norm, NormOptions, build_norm, norm_class, qk_norm_refusal
+from .norms import ALPHA_INIT_RANGE, EPS_RANGE, NORMS, Norm, NormOptions, norm_class, qk_norm_refusal
 from .options import Range, float_problems, option
+from .placements import PLACEMENTS as PLACEMENT_CLASSES
+from .placements import Gate, make_norm
 
-PLACEMENTS = ("pre", "post", "sandwich", "deepnorm", "mixln", "output")  # see the Block docstring
-RESIDUAL_GATES = ("none", "rezero", "layerscale")  # what scales a Pre-LN sublayer's output (Block)
+PLACEMENTS = tuple(PLACEMENT_CLASSES)  # norm_placement's choices (babygpt/placements.py)
+RESIDUAL_GATES = ("none", "rezero", "skipinit", "layerscale")  # what scales a Pre-LN sublayer's output
+QK_SCALES = ("fixed", "learned", "per_head")  # what multiplies q.k once queries and keys are normalized
 INITS = ("gpt2", "xavier")  # see babygpt/init.py
 INIT_LINEAR = ("normal", "xavier")
 INIT_EMBEDDING = ("small", "unit")
-# Placements whose residual stream reaches the LM head un-normalized (Mix-LN's last blocks are Pre-LN):
-# ln_f is on by default for these.
-FINAL_NORM_BY_DEFAULT = ("pre", "sandwich", "mixln", "output")
 
 
 @dataclass
@@ -46,8 +47,15 @@ class GPTConfig(Checked):
     norm_placement: str = option("pre", "one of: " + ", ".join(PLACEMENTS))
     norm_eps: float = option(1e-5, "epsilon inside every norm", valid=EPS_RANGE)
     final_norm: Optional[bool] = option(
-        None, "norm before the LM head; none = on for pre/sandwich/mixln/output, off for post/deepnorm")
+        None, "norm before the LM head; none = as the placement declares it (off for post, deepnorm and admin, "
+              "whose last norm already normalizes the output; on for the others)")
     qk_norm: bool = option(False, "normalize queries and keys per head with norm_type before attention")
+    qk_scale: str = option(
+        "fixed", "what multiplies the attention logits once queries and keys are normalized (qk_norm, or "
+                 "norm_placement hybrid): fixed = 1/sqrt(head size) as without QK-norm; learned = one learnable "
+                 "scalar g per layer times the cosine of q and k, starting at log2(T^2 - T), T = block_size "
+                 "(Henry et al. 2020); per_head = a learnable temperature per head times the cosine, exp(s) "
+                 "with s from log(10), capped at 100 (Swin V2's scaled cosine attention)")
     dyt_alpha_init: float = option(0.5, "initial alpha of norm_type dyt: y = gamma*tanh(alpha*x)+beta",
                                    valid=ALPHA_INIT_RANGE)
     dyt_alpha_init_attn: Optional[float] = option(
@@ -65,7 +73,8 @@ class GPTConfig(Checked):
     residual_gate: str = option(
         "none", "scale each sublayer's output before the residual add (norm_placement pre): rezero = one learnable "
                 "scalar per block, shared by its two sublayers, starting at 0 (Bachlechner et al. 2020; use with "
-                "norm_type none); layerscale = a learnable per-channel vector per sublayer, starting at "
+                "norm_type none); skipinit = one learnable scalar per sublayer, starting at 0 (De & Smith 2020; "
+                "use with norm_type none); layerscale = a learnable per-channel vector per sublayer, starting at "
                 "layerscale_init (Touvron et al. 2021)")
     layerscale_init: float = option(
         0.1, "residual_gate layerscale: the vectors' initial value (CaiT: 0.1 up to 18 blocks, 1e-5 at 24, "
@@ -123,7 +132,25 @@ class GPTConfig(Checked):
             if reason is not None:
                 problems.append(f"qk_norm cannot be used with norm_type {self.norm_type!r}: "
                                 f"{reason}; choose another norm_type or set qk_norm false")
-        return problems + self.identity_norm_problems()
+        return problems + self.qk_problems() + self.identity_norm_problems()
+
+    def qk_problems(self) -> list[str]:
+        """qk_scale needs normalized queries and keys; HybridNorm normalizes them already."""
+        problems = []
+        own = self.norm_placement in PLACEMENT_CLASSES and PLACEMENT_CLASSES[self.norm_placement].normalizes_qkv
+        if self.qk_norm and own:
+            problems.append(f"norm_placement {self.norm_placement} already normalizes queries, keys and values; "
+                            f"set qk_norm false")
+        if self.qk_scale not in QK_SCALES:
+            problems.append(unknown_choice("qk_scale", self.qk_scale, QK_SCALES))
+        elif self.qk_scale != "fixed" and not (self.qk_norm or own):
+            problems.append(f"qk_scale {self.qk_scale} multiplies the cosine of normalized queries and keys; set "
+                            f"qk_norm true (or use norm_placement hybrid), or qk_scale fixed")
+        elif (self.qk_scale == "learned" and isinstance(self.block_size, int) and not isinstance(self.block_size, bool)
+              and self.block_size < 2):
+            problems.append(f"qk_scale learned starts at log2(T^2 - T), which needs block_size >= 2, got "
+                            f"{self.block_size}")
+        return problems
 
     def identity_norm_problems(self) -> list[str]:
         """emb_norm (or final_norm=true) asks for a norm that norm_type makes the identity (norm_type
@@ -147,14 +174,8 @@ class GPTConfig(Checked):
     @property
     def use_final_norm(self) -> bool:
         if self.final_norm is None:
-            return self.norm_placement in FINAL_NORM_BY_DEFAULT
+            return PLACEMENT_CLASSES[self.norm_placement].final_norm
         return self.final_norm
-
-
-def make_norm(cfg: GPTConfig, dim: int, norm_type: str | None = None, **overrides) -> Norm:
-    """The configured norm (or ``norm_type``) for width ``dim``, with NormOptions ``overrides``:
-    every norm in the model is built here."""
-    return build_norm(cfg.norm_type if norm_type is None else norm_type, dim, cfg.norm_options(), **overrides)
 
 
 class KVCache:
@@ -178,6 +199,47 @@ class KVCache:
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, H, length + T, D)
 
 
+class QKScale(nn.Module):
+    """What multiplies the attention logits of normalized queries and keys, folded into the queries
+    (B, H, T, D) so that attention runs with scale 1 and the KV cache keeps plain normalized keys.
+
+    The configured norm leaves each D-vector with RMS about 1 (its gain times x/rms), so q.k / D is
+    the cosine of q and k where the gains are 1 (for rmsnorm_noparam, up to the norm's eps).
+
+    - ``learned``: QKNorm (Henry et al. 2020, arXiv:2010.04245; code CyndxAI/QKNorm layers.py,
+      ``ScaleUp`` on the L2-normalized q.k): logits = g cos(q, k), one learnable scalar g per
+      layer, shared by the heads, from g0 = log2(T^2 - T). The paper takes T as the 97.5th
+      percentile of its sentence lengths; every training window here is block_size long. Henry et
+      al. normalize with a plain L2 norm; here the configured norm does, with its gain.
+    - ``per_head``: the scaled cosine attention of Swin Transformer V2 (Liu et al. 2022,
+      arXiv:2111.09883; code microsoft/Swin-Transformer models/swin_transformer_v2.py,
+      ``logit_scale``, shape (H, 1, 1)): logits = tau_h cos(q, k), a temperature per head,
+      tau_h = exp(min(s_h, log 100)) with s_h from log 10. Of the QK-normed open models checked,
+      Qwen3 and Gemma 3 learn a gain per channel of D shared by the heads, OLMo 2 one over the whole
+      width, and Cohere's and Chameleon's gains are per head and channel (an implicit per-head
+      temperature); Swin V2's is the explicit one.
+
+    Both parameters are 0-d or 1-d, so they are never weight-decayed (GPT.configure_optimizers).
+    """
+
+    def __init__(self, kind: str, n_head: int, head_size: int, block_size: int):
+        super().__init__()
+        self.kind, self.head_size = kind, head_size
+        if kind == "learned":
+            self.weight = nn.Parameter(torch.tensor(math.log2(block_size ** 2 - block_size)))
+        else:  # per_head
+            self.weight = nn.Parameter(torch.full((n_head,), math.log(10.0)))
+
+    def factor(self) -> torch.Tensor:
+        """The multiplier of q.k, () or (H, 1, 1): g / D, or tau_h / D."""
+        if self.kind == "learned":
+            return self.weight / self.head_size
+        return self.weight.clamp(max=math.log(100.0)).exp().view(-1, 1, 1) / self.head_size
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:  # (B, H, T, D) -> (B, H, T, D)
+        return q * self.factor().to(q.dtype)
+
+
 class MultiHeadAttention(nn.Module):
     """Causal self-attention: one fused projection to q, k, v, then H heads in parallel.
 
@@ -185,42 +247,60 @@ class MultiHeadAttention(nn.Module):
     by the configured norm before the dot product (QK-Norm: Henry et al. 2020,
     arXiv:2010.04245; Dehghani et al. 2023, arXiv:2302.05442). This bounds the
     attention logits, whose growth makes softmax saturate. One ``q_norm`` and one
-    ``k_norm`` per layer, shared by all heads; the 1/sqrt(D) scale stays.
+    ``k_norm`` per layer, shared by all heads. With ``qk_scale`` fixed, the 1/sqrt(D) scale
+    stays, which caps a logit at sqrt(D) times the gains' product: attention cannot sharpen
+    past that. ``qk_scale`` learned or per_head lets it (``QKScale``). With
+    ``normalize_values`` (HybridNorm) the values get a norm of their own too (``v_norm``).
 
     ``dropout`` here is on the attention probabilities only; the dropout of what the
     sublayer writes into the stream is the Block's, since where it belongs depends on
     the placement.
     """
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, normalize_values: bool = False):
         super().__init__()
         self.n_head = cfg.n_head
         self.dropout = cfg.dropout
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)  # writes into the residual stream
-        self.qk_norm = cfg.qk_norm
-        if cfg.qk_norm:
-            self.q_norm = make_norm(cfg, cfg.n_embd // cfg.n_head)  # over D
-            self.k_norm = make_norm(cfg, cfg.n_embd // cfg.n_head)
+        head_size = cfg.n_embd // cfg.n_head
+        self.qk_norm = cfg.qk_norm or normalize_values
+        if self.qk_norm:
+            self.q_norm = make_norm(cfg, head_size)  # over D
+            self.k_norm = make_norm(cfg, head_size)
+        self.v_norm = make_norm(cfg, head_size) if normalize_values else None
+        self.qk_scale = QKScale(cfg.qk_scale, cfg.n_head, head_size, cfg.block_size) \
+            if cfg.qk_scale != "fixed" else None
 
     def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values of ``x`` (B, T, C), each (B, H, T, D); with ``qk_norm`` the
-        queries and keys are normalized, each D-vector on its own."""
+        queries and keys are normalized, each D-vector on its own (and the values with ``v_norm``);
+        with ``qk_scale`` the queries carry the logits' scale."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
         # (B, T, C) -> (B, H, T, D): heads become a batch dimension
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.v_norm is not None:
+            v = self.v_norm(v)
+        if self.qk_scale is not None:
+            q = self.qk_scale(q)
         return q, k, v
 
+    def scale(self) -> float | None:
+        """What the attention kernel multiplies q.k by: 1 where the queries carry it (qk_scale),
+        else None, the kernel's own 1/sqrt(D)."""
+        return 1.0 if self.qk_scale is not None else None
+
     def attention_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """The pre-softmax scores q.k / sqrt(D) of ``x`` (B, T, C), as (B, H, T, T), -inf where
-        the causal mask hides a position. Forward computes the same inside its fused kernel; this
-        explicit version is for diagnostics (their growth saturates the softmax)."""
+        """The pre-softmax scores of ``x`` (B, T, C), as (B, H, T, T), -inf where the causal mask
+        hides a position. Forward computes the same inside its fused kernel; this explicit
+        version is for diagnostics (their growth saturates the softmax)."""
         q, k, _ = self.heads(x)
         T = x.shape[1]
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, T)
+        scores = q @ k.transpose(-2, -1)  # (B, H, T, T)
+        scores = scores / math.sqrt(q.shape[-1]) if self.scale() is None else scores
         visible = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         return scores.masked_fill(~visible, float("-inf"))
 
@@ -234,7 +314,7 @@ class MultiHeadAttention(nn.Module):
             causal = cache.length == 0  # one new token may attend to every cached position
             k, v = cache.append(layer, k, v)  # (B, H, length + T, D); keys stored normalized
         y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=causal, dropout_p=self.dropout if self.training else 0.0
+            q, k, v, is_causal=causal, dropout_p=self.dropout if self.training else 0.0, scale=self.scale()
         )  # (B, H, T, D); position t attends to positions <= t only
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.proj(y)
@@ -253,161 +333,38 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """One transformer block; ``norm_placement`` decides where its norms sit.
+    """One transformer block: ``ln1``, ``ln2`` around ``sa`` (attention) and ``ffwd`` (the MLP), wired
+    by the block's ``placement`` (babygpt/placements.py), whose docstring draws its residual path.
+    The two most common, for orientation::
 
-    Residual dropout (``drop``, p = dropout) acts on exactly what a sublayer branch adds
-    to the stream, the last thing before each (+) below. Dropout scales the values it
-    keeps by 1 / (1 - p) so that the branch keeps its eval-mode mean; a norm applied
-    after it would rescale the dropped vector and undo that, so it never comes before
-    a norm on the same branch.
+        Pre-LN:  x ──┬──────────────────────────► (+) ──┬───────────────────────────────► (+) ──►
+                     └─► ln1 ─► sa ─► drop ───────┘     └─► ln2 ─► ffwd ─► drop ──────────┘
 
-    Pre-LN (GPT-2; Xiong et al. 2020, arXiv:2002.04745) normalizes each sublayer's
-    *input*; the residual stream itself is never normalized on its way through,
-    so the model needs a final norm (``ln_f``) before the LM head::
+        Post-LN: x ──┬──────────────────► (+) ─► ln1 ──┬───────────────────► (+) ─► ln2 ──►
+                     └─► sa ─► drop ──────┘            └─► ffwd ─► drop ─────┘
 
-        x ──┬──────────────────────────► (+) ──┬───────────────────────────────► (+) ──►
-            └─► ln1 ─► sa ─► drop ───────┘     └─► ln2 ─► ffwd ─► drop ──────────┘
-
-    Post-LN (the original Transformer, Vaswani et al. 2017) normalizes the
-    residual stream *after* each add. This is the intended placement, not a
-    bug: the last block's ``ln2`` already normalizes the output, so the final
-    norm is off by default::
-
-        x ──┬──────────────────► (+) ─► ln1 ──┬───────────────────► (+) ─► ln2 ──►
-            └─► sa ─► drop ──────┘            └─► ffwd ─► drop ─────┘
-
-    Sandwich-LN (CogView, Ding et al. 2021, arXiv:2105.13290) / Peri-LN (Kim et al.
-    2025, arXiv:2502.02732) is Pre-LN plus a norm on each sublayer's *output*
-    (``ln1_out``, ``ln2_out``) before the add, which bounds what one sublayer can
-    write into the stream. The stream is still not normalized, so ``ln_f`` is on.
-    Peri-LN as its paper defines it also normalizes the embedding output before
-    block 0 (``emb_norm``, ``GPT.ln_emb``; config/periln_rms.py).
-    The dropout comes after the output norm::
-
-        x ──┬──────────────────────────────────► (+) ──┬─────────────────────────────────────► (+) ──►
-            └─► ln1 ─► sa ─► ln1_out ─► drop ────┘     └─► ln2 ─► ffwd ─► ln2_out ─► drop ─────┘
-
-    DeepNorm (DeepNet, Wang et al. 2022, arXiv:2203.00555) is Post-LN with the
-    residual up-weighted by the paper's alpha (``residual_scale`` here, not to be
-    confused with DyT's alpha) = (2N)^(1/4), N = n_layer (the decoder-only value),
-    so each update is small relative to the stream; ``ln_f`` is off as for Post-LN,
-    and its beta init is in babygpt/init.py::
-
-        x ──┬─► ×α ───────────────► (+) ─► ln1 ──┬─► ×α ─────────────────► (+) ─► ln2 ──►
-            └─► sa ─► drop ─────────┘            └─► ffwd ─► drop ─────────┘
-
-    LayerNorm Scaling (``ln_scaling``; "The Curse of Depth", Sun et al. 2025, arXiv:2502.05795,
-    code lmsdss/LayerNorm-Scaling peft_pretraining/modeling_llama.py, NORM_TYPE=LNS) is Pre-LN
-    with both norm outputs of block l (1-indexed: block 0 has l = 1) multiplied by
-    ``ln_scale`` = 1/sqrt(l), which curbs the growth of the stream's variance with depth;
-    ``ln_f`` is not scaled (as in the code). The paper also drops the depth-scaled init; here
-    the init stays the configured one (``--init_depth_factor=false`` gives theirs, N(0, 0.02))::
-
-        x ──┬─────────────────────────────────► (+) ──┬─────────────────────────────────────► (+) ──►
-            └─► ln1 ─► ×1/√l ─► sa ─► drop ─────┘     └─► ln2 ─► ×1/√l ─► ffwd ─► drop ─────┘
-
-    Mix-LN (Li et al. 2024, arXiv:2412.13795; code pixeli99/MixLN
-    peft_pretraining/modeling_llama.py, NORM_TYPE=post_pre) makes the first
-    floor(mixln_alpha * n_layer) blocks (0-indexed blocks below that number; alpha = 0.25 by
-    default, as in the paper and the code's scripts) Post-LN and the others Pre-LN; each
-    block's ``placement`` holds which, and its residual path is the one drawn above for it.
-    The paper writes floor(alpha L); the code takes the count itself (env POST_NUM). As in the
-    code, ``ln_f`` exists; its init (no depth factor, embeddings std sqrt(2/5)) is not copied.
-    With P = floor(alpha N)::
-
-        emb ─► block 0 ─► … ─► block P-1 ─► block P ─► … ─► block N-1 ─► ln_f ─► LM head
-               └──────── Post-LN ────────┘  └──────── Pre-LN ─────────┘
-
-    Output norm, as OLMo 2 uses it (OLMo et al. 2025, arXiv:2501.00656; code allenai/OLMo
-    olmo/model.py OLMoSequentialBlock with ``norm_after``): each sublayer reads the raw stream
-    and its *output* is normalized before the add (``ln1``, ``ln2`` here sit after ``sa``
-    and ``ffwd``); the stream is never normalized, so ``ln_f`` is on. The dropout comes after
-    the norm, as in the code. OLMo 2 pairs it with QK-norm (config/olmo2_rms.py), but
-    normalizes the whole query and key projections (all heads together, width C) before the
-    head split, while ``qk_norm`` here normalizes each head on its own (width D)::
-
-        x ──┬──────────────────────────► (+) ──┬───────────────────────────────► (+) ──►
-            └─► sa ─► ln1 ─► drop ───────┘     └─► ffwd ─► ln2 ─► drop ──────────┘
-
-    Residual gates (``residual_gate``, pre only) scale what each sublayer adds: ReZero's one
-    scalar α per block, starting at 0 (with ``norm_type none``, ln1 and ln2 are the identity),
-    or LayerScale's per-channel diag(λ), one per sublayer, starting at ``layerscale_init`` (see
-    ``Gate``)::
-
-        x ──┬──────────────────────────────────► (+) ──┬───────────────────────────────────► (+) ──►
-            └─► ln1 ─► sa ─► ×α|diag(λ₁) ─► drop ─┘     └─► ln2 ─► ffwd ─► ×α|diag(λ₂) ─► drop ─┘
+    The others: Sandwich/Peri-LN (``ln1_out``, ``ln2_out`` on the sublayers' outputs), DeepNorm
+    (Post-LN with the residual weighted by ``residual_scale``), Admin (Post-LN with the residual
+    weighted per channel by ``omega_attn``, ``omega_ffwd``), Mix-LN (Post-LN, then Pre-LN),
+    OLMo 2's output norm (``ln1``, ``ln2`` after ``sa``, ``ffwd``), HybridNorm (q, k, v normalized
+    in ``sa``, the FFN Post-Norm) and HybridNorm* (its block 0 Pre-LN); Pre-LN's options are
+    LayerNorm Scaling (``ln_scale``) and the residual gates (``gate_attn``, ``gate_ffwd``).
     """
 
     def __init__(self, cfg: GPTConfig, index: int = 0):
         super().__init__()
-        # index: this block's position, 0 for the first (Mix-LN and LayerNorm Scaling depend on it).
-        self.placement = cfg.norm_placement
-        if cfg.norm_placement == "mixln":
-            self.placement = "post" if index < cfg.mixln_post_blocks else "pre"
-        # LayerNorm Scaling's factor on ln1's and ln2's outputs: 1/sqrt(l), l = index + 1; 1 otherwise.
-        self.ln_scale = 1 / math.sqrt(index + 1) if cfg.ln_scaling else 1.0
-        # Weight of the residual: (2N)^(1/4) for DeepNorm, 1 for plain Post-LN (unused otherwise).
-        self.residual_scale = (2 * cfg.n_layer) ** 0.25 if cfg.norm_placement == "deepnorm" else 1.0
-        attn_alpha = cfg.dyt_alpha_init if cfg.dyt_alpha_init_attn is None else cfg.dyt_alpha_init_attn
-        self.ln1 = make_norm(cfg, cfg.n_embd, alpha_init=attn_alpha)  # alpha_init: read by DyT only
-        self.sa = MultiHeadAttention(cfg)
+        # index: this block's position, 0 for the first (Mix-LN, HybridNorm* and LayerNorm Scaling depend on it).
+        self.placement = PLACEMENT_CLASSES[cfg.norm_placement].for_block(cfg, index)
+        self.ln1 = self.placement.make_ln1(cfg)
+        self.sa = MultiHeadAttention(cfg, normalize_values=self.placement.normalizes_qkv)
         self.ln2 = make_norm(cfg, cfg.n_embd)
         self.ffwd = FeedForward(cfg)
-        if cfg.norm_placement == "sandwich":
-            self.ln1_out = make_norm(cfg, cfg.n_embd)
-            self.ln2_out = make_norm(cfg, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)  # residual dropout, shared by both branches (it has no state)
-        # What scales each sublayer's output before the add (pre only): the identity unless residual_gate.
-        # ReZero's one scalar serves both sublayers, as in the authors' code (one resweight per layer).
-        self.gate_attn = residual_gate(cfg)
-        self.gate_ffwd = self.gate_attn if cfg.residual_gate == "rezero" else residual_gate(cfg)
+        self.placement.build(self, cfg, index)  # the placement's own norms and scales
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         # (B, T, C) -> (B, T, C); cache and layer are only used when sampling with a KV cache
-        if self.placement == "pre":  # the gates are the identity unless residual_gate
-            x = x + self.drop(self.gate_attn(self.sa(self._scaled(self.ln1(x)), cache, layer)))
-            x = x + self.drop(self.gate_ffwd(self.ffwd(self._scaled(self.ln2(x)))))
-        elif self.placement == "sandwich":
-            x = x + self.drop(self.ln1_out(self.sa(self.ln1(x), cache, layer)))
-            x = x + self.drop(self.ln2_out(self.ffwd(self.ln2(x))))
-        elif self.placement == "output":
-            x = x + self.drop(self.ln1(self.sa(x, cache, layer)))
-            x = x + self.drop(self.ln2(self.ffwd(x)))
-        else:  # "post", or "deepnorm" (the same with residual_scale != 1)
-            x = self.ln1(self.residual_scale * x + self.drop(self.sa(x, cache, layer)))
-            x = self.ln2(self.residual_scale * x + self.drop(self.ffwd(x)))
-        return x
-
-    def _scaled(self, h: torch.Tensor) -> torch.Tensor:
-        """A Pre-LN norm's output times LayerNorm Scaling's 1/sqrt(l); untouched (no extra op on
-        the hot path) without ln_scaling."""
-        return h if self.ln_scale == 1.0 else self.ln_scale * h
-
-
-class Gate(nn.Module):
-    """A learnable scale on a sublayer's output, ``weight * y`` (y: (B, T, C)). ReZero (Bachlechner
-    et al. 2020, arXiv:2003.04887; code majumderb/rezero, rezero/transformer/rztx.py ``resweight``):
-    a scalar starting at 0, so every block starts as the identity and no norm is needed.
-    LayerScale (Touvron et al. 2021, CaiT, arXiv:2103.17239; code facebookresearch/deit
-    cait_models.py ``LayerScale_Block``, gamma_1 and gamma_2): a per-channel vector starting at a
-    small epsilon. Being 0-d or 1-d, both stay out of weight decay, as in the authors' code."""
-
-    def __init__(self, shape: tuple[int, ...], init: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.full(shape, init))
-
-    def forward(self, y: torch.Tensor) -> torch.Tensor:
-        return self.weight * y
-
-
-def residual_gate(cfg: GPTConfig) -> nn.Module:
-    """The gate of one sublayer by ``cfg.residual_gate``: ReZero's scalar at 0, LayerScale's vector
-    at layerscale_init, or the identity."""
-    if cfg.residual_gate == "rezero":
-        return Gate((), 0.0)
-    if cfg.residual_gate == "layerscale":
-        return Gate((cfg.n_embd,), cfg.layerscale_init)
-    return nn.Identity()
+        return self.placement.forward(self, x, cache, layer)
 
 
 def log_partition(logits: torch.Tensor) -> torch.Tensor:
@@ -446,6 +403,11 @@ class GPT(nn.Module):
         """Number of distinct parameters (the tied embedding counted once)."""
         return sum(p.numel() for p in self.parameters())
 
+    def embed(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """The stream block 0 reads: token + position embeddings of idx (B, T) at positions start.., (B, T, C)."""
+        pos = torch.arange(start, start + idx.shape[1], device=idx.device)  # (T,)
+        return self.drop(self.ln_emb(self.tok_emb(idx) * self.emb_scale + self.pos_emb(pos)))
+
     def hidden(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """The final hidden state (B, T, C) of token ids idx (B, T): the stream after the last
         block and ln_f, which the LM head reads. With a ``cache``, idx continues the sequence
@@ -454,13 +416,28 @@ class GPT(nn.Module):
         start = cache.length if cache is not None else 0
         if start + T > self.config.block_size:
             raise ValueError(f"sequence length {start + T} exceeds block_size {self.config.block_size}")
-        pos = torch.arange(start, start + T, device=idx.device)  # (T,)
-        x = self.drop(self.ln_emb(self.tok_emb(idx) * self.emb_scale + self.pos_emb(pos)))  # (B, T, C)
+        x = self.embed(idx, start)  # (B, T, C)
         for layer, block in enumerate(self.blocks):
             x = block(x, cache, layer)  # (B, T, C)
         if cache is not None:
             cache.length += T
         return self.ln_f(x)
+
+    @torch.no_grad()
+    def profile_init(self, idx: torch.Tensor) -> bool:
+        """Let placements that set their init from a forward pass (Admin's omega) do it, on token ids
+        idx (B, T), in eval mode (no dropout, no random numbers drawn); True if one did. A run from
+        scratch calls this once before training."""
+        if not any(hasattr(b, "omega_attn") for b in self.blocks):
+            return False
+        was_training = self.training
+        self.eval()
+        x = self.embed(idx)  # (B, T, C)
+        omega = 1.0  # the code's running ratio starts at 1
+        for block in self.blocks:
+            x, omega = block.placement.profile(block, x, omega)
+        self.train(was_training)
+        return True
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
         """idx, targets: (B, T) token ids. Returns logits (B, T, V) and the mean
@@ -544,7 +521,8 @@ class GPT(nn.Module):
         # parameter would otherwise be decayed without anyone noticing.
         expected = {id(p) for m in self.modules() if isinstance(m, Norm) for p in m.parameters()}
         expected |= {id(self.emb_scale)} if isinstance(self.emb_scale, nn.Parameter) else set()
-        expected |= {id(m.weight) for m in self.modules() if isinstance(m, Gate)}  # ReZero's alpha, LayerScale's lambda
+        # ReZero's and SkipInit's alpha, LayerScale's lambda, Admin's omega, QK-norm's learned scales
+        expected |= {id(m.weight) for m in self.modules() if isinstance(m, (Gate, QKScale))}
         expected |= {id(m.bias) for m in self.modules() if isinstance(m, nn.Linear) and m.bias is not None}
         assert {id(p) for p in no_decay} == expected, "norm/bias parameters must be exactly the non-decayed group"
         assert len(decay) + len(no_decay) == len(params), "every parameter must be in exactly one optimizer group"

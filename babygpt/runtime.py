@@ -32,6 +32,34 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def cpu_name() -> str:
+    """The CPU model, and whether it has AVX-512 bf16 instructions (they decide whether bfloat16
+    is fast or emulated on a CPU); the architecture alone where /proc/cpuinfo is not readable."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            info = f.read()
+    except OSError:
+        return platform.machine()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
+                platform.machine())
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    return f"{name} ({'AVX-512 bf16' if 'avx512_bf16' in flags else 'no AVX-512 bf16'})"
+
+
+def machine(device: torch.device) -> dict:
+    """What a run was measured on, for its summary.json: losses agree across machines to the printed
+    digit, times do not, so a time means nothing without the CPU (or GPU), the threads and torch."""
+    import os
+
+    record = {"cpu": cpu_name(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
+              "torch": torch.__version__, "device": device.type}
+    if device.type == "cuda":
+        record["gpu"] = torch.cuda.get_device_name(device)
+    return record
+
+
 def native_cuda_bf16() -> bool:
     """bfloat16 in the GPU's hardware (Ampere and later). torch's own check also counts the slow
     emulation older GPUs offer."""

@@ -30,7 +30,7 @@ from .diagnostics import NO_HOOK, LayerDiagnostics, StepHook
 from .model import GPT, GPTConfig, log_partition
 from .ngram import data_floors, is_collapsed
 from .rundir import RunDir, owned, run_record
-from .runtime import autocast, check_dtype, dtype_note, resolve_device, uses_grad_scaler
+from .runtime import autocast, check_dtype, dtype_note, machine, resolve_device, uses_grad_scaler
 from .signals import StopSignals
 from .tracker import TensorBoardTracker
 from .state import TrainState, finite_or_none
@@ -160,6 +160,14 @@ def seeded_model(model_cfg: GPTConfig, seed: int, device: torch.device, dist: di
     return model
 
 
+def profile_init(model: GPT, train_data: np.ndarray, cfg: TrainConfig, device: torch.device) -> None:
+    """Let the model's placements that set their init from a forward pass (Admin) see one batch of the
+    training split, drawn by a sampler of its own (EVAL_SEED), so the run's data order is untouched;
+    every rank draws the same batch, so every rank sets the same init."""
+    sampler = BatchSampler(train_data, cfg.model.block_size, cfg.batch_size, EVAL_SEED, "cpu", "train")
+    model.profile_init(sampler.next_batch()[0].to(device))
+
+
 def forward_modules(model: GPT, cfg: TrainConfig, device: torch.device, dist: distributed.Dist,
                     wrap_model: Callable[[nn.Module], nn.Module] | None = None) -> tuple[nn.Module, nn.Module]:
     """(net, train_net): the module forward passes go through (the model, wrapped by ``wrap_model``,
@@ -243,6 +251,8 @@ class Trainer:
         self.state = TrainState(BatchSampler(self.splits["train"], cfg.model.block_size, cfg.batch_size,
                                              self.dist.train_seed(cfg.seed), self.device))
         self.model = seeded_model(self.model_cfg, cfg.seed, self.device, self.dist)
+        if cfg.init_from == "scratch":  # a resume restores what profiling set
+            profile_init(self.model, self.splits["train"], cfg, self.device)
         self.optimizer = self.model.configure_optimizers(
             cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), fused=self.device.type == "cuda",
             eps=cfg.adam_eps)
@@ -337,7 +347,8 @@ class Trainer:
                 status = "skipped_out"
             elif is_collapsed(final["val_loss_full"], final["references"]):
                 status = "collapsed"
-        summary = {**self.state.summary(status, self.cfg.max_iters, signum), **final}
+        summary = {**self.state.summary(status, self.cfg.max_iters, signum), **final,
+                   "machine": machine(self.device)}
         if self.dist.enabled:
             summary["world_size"] = self.dist.world_size
         self.run_dir.write_summary(summary)

@@ -48,6 +48,7 @@ class LRSearch:
 
     grid: list[float]
     max_extensions: int = MAX_EXTENSIONS
+    refine: bool = True  # False: a coarse search, on the half-decade lattice only (no step 3)
     extended: dict = field(default_factory=lambda: {"low": 0, "high": 0})
     refined: bool = False
 
@@ -60,7 +61,7 @@ class LRSearch:
             edge = min(means) if side == "low" else max(means)
             step = HALF_DECADE if side == "high" else 1 / HALF_DECADE
             return [snap_half_decade(edge * step)]
-        if not self.refined and best(means) is not None:
+        if self.refine and not self.refined and best(means) is not None:
             self.refined = True
             return refinement(means)
         return []
@@ -103,11 +104,13 @@ def refinement(means: dict[float, float]) -> list[float]:
     return [p for p in points if all(not math.isclose(p, lr, rel_tol=1e-9) for lr in lrs)]
 
 
-def search_all(grids: dict[str, list[float]], train_round, max_extensions: int = MAX_EXTENSIONS) -> dict:
+def search_all(grids: dict[str, list[float]], train_round, max_extensions: int = MAX_EXTENSIONS,
+               refine: bool = True) -> dict:
     """Run every configuration's search together, a round at a time: ``train_round({name: [lrs]})``
     trains those LRs (on every tuning seed) and returns {name: {lr: [losses by tuning seed]}} for
-    *every* LR tried so far. Returns {name: (LRSearch, {lr: mean loss})} once every search is over."""
-    searches = {name: LRSearch(list(grid), max_extensions) for name, grid in grids.items()}
+    *every* LR tried so far. Returns {name: (LRSearch, {lr: mean loss})} once every search is over;
+    ``refine`` False leaves out the quarter-decade round (a coarse search)."""
+    searches = {name: LRSearch(list(grid), max_extensions, refine) for name, grid in grids.items()}
     means: dict[str, dict[float, float]] = {name: {} for name in grids}
     wanted = {name: s.next_round({}) for name, s in searches.items()}
     while any(wanted.values()):

@@ -221,19 +221,9 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
 
 
 def cpu_name() -> str:
-    """The CPU model, and whether it has AVX-512 bf16 instructions (they decide whether bfloat16
-    is fast or emulated on a CPU); the architecture alone where /proc/cpuinfo is not readable."""
-    import platform
+    from babygpt.runtime import cpu_name as name
 
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            info = f.read()
-    except OSError:
-        return platform.machine()
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
-                platform.machine())
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
-    return f"{name} ({'AVX-512 bf16' if 'avx512_bf16' in flags else 'no AVX-512 bf16'})"
+    return name()
 
 
 def write_report(path: str, title: str, command: str, body: str, started: float) -> None:

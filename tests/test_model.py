@@ -101,7 +101,8 @@ def test_postln_layernorm_block_outputs_are_normalized():
 
 @pytest.mark.parametrize("placement,expected",
                          [("pre", RMSNorm), ("post", NoNorm), ("sandwich", RMSNorm), ("deepnorm", NoNorm),
-                          ("mixln", RMSNorm), ("output", RMSNorm)])
+                          ("mixln", RMSNorm), ("output", RMSNorm), ("hybrid", RMSNorm), ("hybrid_star", RMSNorm),
+                          ("admin", NoNorm)])
 
 
 def test_final_norm_auto(placement, expected):
@@ -124,7 +125,7 @@ def test_final_norm_forced(final_norm, expected):
 
 def test_block_residual_paths(placement):
     """The Block computes exactly the documented formula for its placement (Mix-LN's block 0, of 4:
-    Post-LN)."""
+    Post-LN; HybridNorm*'s block 0: Pre-LN around both sublayers)."""
     cfg = tiny_config(norm_placement=placement, norm_type="layernorm", n_layer=4)
     block = Block(cfg)
     for p in block.parameters():  # random gains and biases, so a swapped norm cannot pass
@@ -143,6 +144,15 @@ def test_block_residual_paths(placement):
     elif placement == "sandwich":
         h = x + block.ln1_out(block.sa(block.ln1(x)))
         expected = h + block.ln2_out(block.ffwd(block.ln2(h)))
+    elif placement == "hybrid":  # ln1 is the identity; sa normalizes q, k, v itself
+        h = block.ln2(x + block.sa(x))
+        expected = h + block.ffwd(h)
+    elif placement == "hybrid_star":
+        h = x + block.sa(block.ln1(x))
+        expected = h + block.ffwd(block.ln2(h))
+    elif placement == "admin":  # omega: a vector per sublayer (random here, like the gains)
+        h = block.ln1(block.omega_attn.weight * x + block.sa(x))
+        expected = block.ln2(block.omega_ffwd.weight * h + block.ffwd(h))
     else:  # deepnorm
         h = block.ln1(a * x + block.sa(x))
         expected = block.ln2(a * h + block.ffwd(h))
@@ -200,9 +210,17 @@ def test_residual_dropout_acts_on_what_each_branch_writes(placement):
     (d1_in, d1_out), (d2_in, d2_out) = seen["drop"]
     assert torch.equal(d1_in, seen[last[0]][0][1]) and torch.equal(d2_in, seen[last[1]][0][1])
     assert not torch.equal(d1_out, d1_in)  # it drops (p = 0.3 over 320 values)
-    if block.placement in ("pre", "sandwich", "output"):  # a Mix-LN block is "pre" or "post"
+    kind = block.placement.name  # a Mix-LN block is "pre" or "post"
+    if kind in ("pre", "sandwich", "output", "hybrid_first"):
         h = x + d1_out
         assert_close(out, h + d2_out)
+    elif kind == "hybrid":  # the FFN adds to the normalized stream
+        assert_close(seen["ln2"][0][0], x + d1_out)
+        assert_close(out, seen["ln2"][0][1] + d2_out)
+    elif kind == "admin":
+        ln1_in, h = seen["ln1"][0]
+        assert_close(ln1_in, block.omega_attn.weight * x + d1_out)
+        assert_close(seen["ln2"][0][0], block.omega_ffwd.weight * h + d2_out)
     else:
         a = block.residual_scale
         ln1_in, h = seen["ln1"][0]

@@ -1,0 +1,351 @@
+"""Norm placements: where a Block's norms sit and how its two residual branches are wired.
+
+Each placement is one declared object, a ``Placement`` subclass registered in ``PLACEMENTS``: it
+says whether the model needs a final norm (``final_norm``), builds the norms a block owns
+(``build``: always ``ln1`` and ``ln2``, plus its own), wires the block's forward (``forward``),
+and draws its residual path in its docstring. A placement that varies with depth (Mix-LN,
+HybridNorm*) gives each block the placement it gets (``for_block``). A placement that sets its
+init from a forward pass (Admin) does it in ``profile``.
+
+Residual dropout (``block.drop``, p = dropout) acts on exactly what a sublayer branch adds to the
+stream, the last thing before each (+) in the diagrams. Dropout scales the values it keeps by
+1 / (1 - p) so that the branch keeps its eval-mode mean; a norm applied after it would rescale the
+dropped vector and undo that, so it never comes before a norm on the same branch.
+
+To add a placement: a subclass here with its diagram, one line in ``PLACEMENTS``, and its formula
+in tests/test_model.py's ``test_block_residual_paths``; the placement x norm grid of the tests
+picks it up.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+import torch.nn as nn
+
+from .norms import Norm, build_norm
+
+
+def make_norm(cfg, dim: int, norm_type: str | None = None, **overrides) -> Norm:
+    """The configured norm (or ``norm_type``) for width ``dim``, with NormOptions ``overrides``:
+    every norm in the model is built here."""
+    return build_norm(cfg.norm_type if norm_type is None else norm_type, dim, cfg.norm_options(), **overrides)
+
+
+class Gate(nn.Module):
+    """A learnable scale on a sublayer's output (or on the stream), ``weight * y`` (y: (B, T, C)).
+    ReZero (Bachlechner et al. 2020, arXiv:2003.04887; code majumderb/rezero,
+    rezero/transformer/rztx.py ``resweight``): a scalar starting at 0, so every block starts as the
+    identity and no norm is needed. SkipInit (De & Smith 2020, arXiv:2002.10444): the same, one
+    scalar per residual branch. LayerScale (Touvron et al. 2021, CaiT, arXiv:2103.17239; code
+    facebookresearch/deit cait_models.py ``LayerScale_Block``, gamma_1 and gamma_2): a per-channel
+    vector starting at a small epsilon. Admin's omega (Liu et al. 2020) is a per-channel vector on
+    the stream. Being 0-d or 1-d, all stay out of weight decay, as in the authors' code."""
+
+    def __init__(self, shape: tuple[int, ...], init: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.full(shape, init))
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        return self.weight * y
+
+
+def residual_gate(cfg) -> nn.Module:
+    """The gate of one sublayer by ``cfg.residual_gate``: a scalar at 0 (ReZero, SkipInit),
+    LayerScale's vector at layerscale_init, or the identity."""
+    if cfg.residual_gate in ("rezero", "skipinit"):
+        return Gate((), 0.0)
+    if cfg.residual_gate == "layerscale":
+        return Gate((cfg.n_embd,), cfg.layerscale_init)
+    return nn.Identity()
+
+
+def attention_norm_alpha(cfg) -> float:
+    """DyT's alpha for ln1 (Zhu et al.'s LLaMA recipe gives the norm before attention its own)."""
+    return cfg.dyt_alpha_init if cfg.dyt_alpha_init_attn is None else cfg.dyt_alpha_init_attn
+
+
+class Placement:
+    """Where a block's norms sit. The Block builds ``ln1`` (``make_ln1``), ``sa``, ``ln2`` and
+    ``ffwd``; ``build`` adds what else the placement needs; ``forward`` maps the stream (B, T, C)
+    to (B, T, C)."""
+
+    name: ClassVar[str]
+    final_norm: ClassVar[bool] = True  # is ln_f on by default (the stream reaches the head un-normalized)
+    normalizes_qkv: ClassVar[bool] = False  # does attention normalize q, k and v itself (HybridNorm)
+
+    def for_block(self, cfg, index: int) -> "Placement":
+        """The placement block ``index`` (0 first) gets; itself unless it varies with depth."""
+        return self
+
+    def make_ln1(self, cfg) -> Norm:
+        return make_norm(cfg, cfg.n_embd, alpha_init=attention_norm_alpha(cfg))  # alpha_init: DyT only
+
+    def build(self, block: nn.Module, cfg, index: int) -> None:
+        """The norms and scales this placement adds to block ``index`` besides ln1 and ln2."""
+
+    def forward(self, block: nn.Module, x: torch.Tensor, cache, layer: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def profile(self, block: nn.Module, x: torch.Tensor, omega: float) -> tuple[torch.Tensor, float]:
+        """A profiling forward (Admin): (output, the running omega for the next block). Others
+        only run the block."""
+        return block(x), omega
+
+
+class PreLN(Placement):
+    """Pre-LN (GPT-2; Xiong et al. 2020, arXiv:2002.04745) normalizes each sublayer's *input*; the
+    residual stream itself is never normalized on its way through, so the model needs ``ln_f``::
+
+        x ──┬──────────────────────────► (+) ──┬───────────────────────────────► (+) ──►
+            └─► ln1 ─► sa ─► drop ───────┘     └─► ln2 ─► ffwd ─► drop ──────────┘
+
+    LayerNorm Scaling (``ln_scaling``; "The Curse of Depth", Sun et al. 2025, arXiv:2502.05795,
+    code lmsdss/LayerNorm-Scaling peft_pretraining/modeling_llama.py, NORM_TYPE=LNS) multiplies
+    both norm outputs of block l (1-indexed: block 0 has l = 1) by ``ln_scale`` = 1/sqrt(l), which
+    curbs the growth of the stream's variance with depth; ``ln_f`` is not scaled (as in the code).
+    The paper also drops the depth-scaled init; here the init stays the configured one
+    (``--init_depth_factor=false`` gives theirs, N(0, 0.02))::
+
+        x ──┬─────────────────────────────────► (+) ──┬─────────────────────────────────────► (+) ──►
+            └─► ln1 ─► ×1/√l ─► sa ─► drop ─────┘     └─► ln2 ─► ×1/√l ─► ffwd ─► drop ─────┘
+
+    Residual gates (``residual_gate``) scale what each sublayer adds: ReZero's one scalar α per
+    block, shared by its two sublayers as in the authors' code, starting at 0; SkipInit's one
+    scalar per sublayer, starting at 0 (with ``norm_type none`` ln1 and ln2 are the identity and
+    either is a model without norms); or LayerScale's per-channel diag(λ), one per sublayer,
+    starting at ``layerscale_init`` (``Gate``)::
+
+        x ──┬──────────────────────────────────► (+) ──┬───────────────────────────────────► (+) ──►
+            └─► ln1 ─► sa ─► ×α|diag(λ₁) ─► drop ─┘     └─► ln2 ─► ffwd ─► ×α|diag(λ₂) ─► drop ─┘
+    """
+
+    name = "pre"
+
+    def build(self, block, cfg, index):
+        # LayerNorm Scaling's factor on ln1's and ln2's outputs: 1/sqrt(l), l = index + 1; 1 otherwise.
+        block.ln_scale = 1 / math.sqrt(index + 1) if cfg.ln_scaling else 1.0
+        # The identity unless residual_gate; ReZero's one scalar serves both sublayers.
+        block.gate_attn = residual_gate(cfg)
+        block.gate_ffwd = block.gate_attn if cfg.residual_gate == "rezero" else residual_gate(cfg)
+
+    def forward(self, block, x, cache, layer):
+        x = x + block.drop(block.gate_attn(block.sa(scaled(block, block.ln1(x)), cache, layer)))
+        return x + block.drop(block.gate_ffwd(block.ffwd(scaled(block, block.ln2(x)))))
+
+
+def scaled(block: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """A Pre-LN norm's output times LayerNorm Scaling's 1/sqrt(l); untouched (no extra op on the hot
+    path) without ln_scaling."""
+    return h if block.ln_scale == 1.0 else block.ln_scale * h
+
+
+class PostLN(Placement):
+    """Post-LN (the original Transformer, Vaswani et al. 2017) normalizes the residual stream *after*
+    each add. This is the intended placement, not a bug: the last block's ``ln2`` already
+    normalizes the output, so the final norm is off by default::
+
+        x ──┬──────────────────► (+) ─► ln1 ──┬───────────────────► (+) ─► ln2 ──►
+            └─► sa ─► drop ──────┘            └─► ffwd ─► drop ─────┘
+    """
+
+    name = "post"
+    final_norm = False
+
+    def build(self, block, cfg, index):
+        block.residual_scale = self.residual_scale(cfg)
+
+    def residual_scale(self, cfg) -> float:
+        """The weight of the residual before each add (DeepNorm's alpha; 1 for plain Post-LN)."""
+        return 1.0
+
+    def forward(self, block, x, cache, layer):
+        x = block.ln1(block.residual_scale * x + block.drop(block.sa(x, cache, layer)))
+        return block.ln2(block.residual_scale * x + block.drop(block.ffwd(x)))
+
+
+class DeepNorm(PostLN):
+    """DeepNorm (DeepNet, Wang et al. 2022, arXiv:2203.00555) is Post-LN with the residual
+    up-weighted by the paper's alpha (``residual_scale`` here, not to be confused with DyT's
+    alpha) = (2N)^(1/4), N = n_layer (the decoder-only value), so each update is small relative to
+    the stream; ``ln_f`` is off as for Post-LN, and its beta init is in babygpt/init.py::
+
+        x ──┬─► ×α ───────────────► (+) ─► ln1 ──┬─► ×α ─────────────────► (+) ─► ln2 ──►
+            └─► sa ─► drop ─────────┘            └─► ffwd ─► drop ─────────┘
+    """
+
+    name = "deepnorm"
+
+    def residual_scale(self, cfg) -> float:
+        return (2 * cfg.n_layer) ** 0.25
+
+
+class Admin(PostLN):
+    """Admin (Liu et al. 2020, "Understanding the Difficulty of Training Transformers",
+    arXiv:2004.08249; code LiyuanLucasLiu/Transformer-Clinic, fairseq/modules/transformer_layer.py,
+    ``attention_ratio_change`` / ``fc_ratio_change`` with ``--init-type adaptive``) is Post-LN whose
+    residual is weighted per channel by ω before each add, ``LN(x ⊙ ω + f(x))``, with ω set by
+    profiling so that early in training the output depends on each block as little as under
+    Pre-LN::
+
+        x ──┬─► ⊙ω₁ ──────────────► (+) ─► ln1 ──┬─► ⊙ω₂ ────────────────► (+) ─► ln2 ──►
+            └─► sa ─► drop ─────────┘            └─► ffwd ─► drop ─────────┘
+
+    ω₁ (``omega_attn``) and ω₂ (``omega_ffwd``) are learnable vectors, never weight-decayed. The
+    paper sets ω_i = sqrt(Σ_{j<i} Var[f_j]); the code computes it as a running value over the
+    sublayers in order, starting at 1: ω_{i+1} = sqrt(Var[ω_i ⊙ x_{i-1}] + Var[f_i(x_{i-1})]), each
+    variance one scalar over the whole tensor of one batch (``GPT.profile_init``, run once before a
+    run from scratch trains, on a fixed batch of the training split). Every entry of a vector is
+    that one scalar, as in the code. Where this differs from the code: the code profiles in
+    training mode (dropout on) on the first training batch and then exits; here it profiles in
+    eval mode on a batch of its own, so the run's data order and dropout masks are unchanged.
+    Until profiled, ω = 1 and the block is plain Post-LN.
+    """
+
+    name = "admin"
+
+    def build(self, block, cfg, index):
+        super().build(block, cfg, index)
+        block.omega_attn = Gate((cfg.n_embd,), 1.0)
+        block.omega_ffwd = Gate((cfg.n_embd,), 1.0)
+
+    def forward(self, block, x, cache, layer):
+        x = block.ln1(block.omega_attn(x) + block.drop(block.sa(x, cache, layer)))
+        return block.ln2(block.omega_ffwd(x) + block.drop(block.ffwd(x)))
+
+    def profile(self, block, x, omega):
+        with torch.no_grad():
+            for gate, f, norm in ((block.omega_attn, lambda h: block.sa(h), block.ln1),
+                                  (block.omega_ffwd, block.ffwd, block.ln2)):
+                gate.weight.fill_(omega)
+                fx = block.drop(f(x))
+                omega = math.sqrt(torch.var(gate(x)).item() + torch.var(fx).item())
+                x = norm(gate(x) + fx)
+        return x, omega
+
+
+class Sandwich(Placement):
+    """Sandwich-LN (CogView, Ding et al. 2021, arXiv:2105.13290) / Peri-LN (Kim et al. 2025,
+    arXiv:2502.02732) is Pre-LN plus a norm on each sublayer's *output* (``ln1_out``,
+    ``ln2_out``) before the add, which bounds what one sublayer can write into the stream. The
+    stream is still not normalized, so ``ln_f`` is on. Peri-LN as its paper defines it also
+    normalizes the embedding output before block 0 (``emb_norm``, ``GPT.ln_emb``;
+    config/periln_rms.py). The dropout comes after the output norm::
+
+        x ──┬──────────────────────────────────► (+) ──┬─────────────────────────────────────► (+) ──►
+            └─► ln1 ─► sa ─► ln1_out ─► drop ────┘     └─► ln2 ─► ffwd ─► ln2_out ─► drop ─────┘
+    """
+
+    name = "sandwich"
+
+    def build(self, block, cfg, index):
+        block.ln1_out = make_norm(cfg, cfg.n_embd)
+        block.ln2_out = make_norm(cfg, cfg.n_embd)
+
+    def forward(self, block, x, cache, layer):
+        x = x + block.drop(block.ln1_out(block.sa(block.ln1(x), cache, layer)))
+        return x + block.drop(block.ln2_out(block.ffwd(block.ln2(x))))
+
+
+class OutputNorm(Placement):
+    """Output norm, as OLMo 2 uses it (OLMo et al. 2025, arXiv:2501.00656; code allenai/OLMo
+    olmo/model.py OLMoSequentialBlock with ``norm_after``): each sublayer reads the raw stream and
+    its *output* is normalized before the add (``ln1``, ``ln2`` here sit after ``sa`` and
+    ``ffwd``); the stream is never normalized, so ``ln_f`` is on. The dropout comes after the norm,
+    as in the code. OLMo 2 pairs it with QK-norm (config/olmo2_rms.py), but normalizes the whole
+    query and key projections (all heads together, width C) before the head split, while
+    ``qk_norm`` here normalizes each head on its own (width D)::
+
+        x ──┬──────────────────────────► (+) ──┬───────────────────────────────► (+) ──►
+            └─► sa ─► ln1 ─► drop ───────┘     └─► ffwd ─► ln2 ─► drop ──────────┘
+    """
+
+    name = "output"
+
+    def forward(self, block, x, cache, layer):
+        x = x + block.drop(block.ln1(block.sa(x, cache, layer)))
+        return x + block.drop(block.ln2(block.ffwd(x)))
+
+
+class MixLN(Placement):
+    """Mix-LN (Li et al. 2024, arXiv:2412.13795; code pixeli99/MixLN
+    peft_pretraining/modeling_llama.py, NORM_TYPE=post_pre) makes the first floor(mixln_alpha *
+    n_layer) blocks (0-indexed blocks below that number; alpha = 0.25 by default, as in the paper
+    and the code's scripts) Post-LN and the others Pre-LN; each block's ``placement`` is the one
+    it gets, and its residual path is the one drawn there. The paper writes floor(alpha L); the
+    code takes the count itself (env POST_NUM). As in the code, ``ln_f`` exists; its init (no depth
+    factor, embeddings std sqrt(2/5)) is not copied. With P = floor(alpha N)::
+
+        emb ─► block 0 ─► … ─► block P-1 ─► block P ─► … ─► block N-1 ─► ln_f ─► LM head
+               └──────── Post-LN ────────┘  └──────── Pre-LN ─────────┘
+    """
+
+    name = "mixln"
+
+    def for_block(self, cfg, index):
+        return PLACEMENTS["post"] if index < cfg.mixln_post_blocks else PLACEMENTS["pre"]
+
+
+class HybridNorm(Placement):
+    """HybridNorm (Zhuo et al. 2025, arXiv:2503.04598; code BryceZhuo/HybridNorm,
+    dense_model/olmo/model.py ``OLMoSequentialBlock.forward`` with the 1.2B-dense-HybriedNorm.yaml
+    settings): attention reads the raw stream and normalizes its queries, keys *and values* per
+    head (``sa.q_norm``, ``sa.k_norm``, ``sa.v_norm``, each over the head size D and shared by the
+    heads, as in the code); the stream is not normalized before or after attention. The FFN is
+    Post-Norm in the paper's sense: the stream is normalized (``ln2``) and the FFN's output is added
+    to the *normalized* stream. ``ln1`` is the identity (it has nothing to do), and ``ln_f`` is on,
+    as in the code::
+
+        x ──┬──────────────────────────────────────► (+) ─► ln2 ──┬──────────────────► (+) ──►
+            └─► sa[q,k,v normalized per head] ─► drop ┘            └─► ffwd ─► drop ───┘
+
+    The code normalizes before RoPE; this model has learned absolute positions, so there is none.
+    The paper keeps 1/sqrt(D) in the softmax, as here (``qk_scale`` can change it).
+    """
+
+    name = "hybrid"
+    normalizes_qkv = True
+
+    def make_ln1(self, cfg):
+        return make_norm(cfg, cfg.n_embd, "none")
+
+    def forward(self, block, x, cache, layer):
+        x = block.ln2(x + block.drop(block.sa(block.ln1(x), cache, layer)))
+        return x + block.drop(block.ffwd(x))
+
+
+class HybridNormStar(HybridNorm):
+    """HybridNorm* (Zhuo et al. 2025, §3; the code's ``norm_pos_special_config`` =
+    {0: {'attn_norm': True, 'ffn_residual': False}}): HybridNorm, except that block 0 is Pre-LN on
+    both sublayers (its attention still normalizes q, k and v), since the embeddings reach it
+    un-normalized (``HybridNormFirst``)."""
+
+    name = "hybrid_star"
+
+    def for_block(self, cfg, index):
+        return HYBRID_FIRST if index == 0 else PLACEMENTS["hybrid"]
+
+
+class HybridNormFirst(HybridNorm):
+    """Block 0 of HybridNorm*: Pre-LN around attention that normalizes q, k and v, and a Pre-LN FFN::
+
+        x ──┬─────────────────────────────────────────────► (+) ──┬────────────────────────────► (+) ──►
+            └─► ln1 ─► sa[q,k,v normalized per head] ─► drop ┘     └─► ln2 ─► ffwd ─► drop ───┘
+    """
+
+    name = "hybrid_first"
+
+    def make_ln1(self, cfg):
+        return Placement.make_ln1(self, cfg)
+
+    def forward(self, block, x, cache, layer):
+        x = x + block.drop(block.sa(block.ln1(x), cache, layer))
+        return x + block.drop(block.ffwd(block.ln2(x)))
+
+
+# The registry: norm_placement's choices, in the order the docs list them.
+PLACEMENTS: dict[str, Placement] = {p.name: p for p in (
+    PreLN(), PostLN(), Sandwich(), DeepNorm(), MixLN(), OutputNorm(), HybridNorm(), HybridNormStar(), Admin())}
+HYBRID_FIRST = HybridNormFirst()  # not a choice of its own: HybridNorm*'s block 0
