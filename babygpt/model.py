@@ -21,7 +21,7 @@ from .init import init_parts, init_weights
 from .norms import ALPHA_INIT_RANGE, EPS_RANGE, NORMS, Norm, NormOptions, norm_class, qk_norm_refusal
 from .options import Range, float_problems, option
 from .placements import PLACEMENTS as PLACEMENT_CLASSES
-from .placements import Gate, make_norm
+from .placements import Gate, Scale, make_norm, sphere
 
 PLACEMENTS = tuple(PLACEMENT_CLASSES)  # norm_placement's choices (babygpt/placements.py)
 RESIDUAL_GATES = ("none", "rezero", "skipinit", "layerscale")  # what scales a Pre-LN sublayer's output
@@ -132,7 +132,22 @@ class GPTConfig(Checked):
             if reason is not None:
                 problems.append(f"qk_norm cannot be used with norm_type {self.norm_type!r}: "
                                 f"{reason}; choose another norm_type or set qk_norm false")
-        return problems + self.qk_problems() + self.identity_norm_problems()
+        return problems + self.qk_problems() + self.sphere_problems() + self.identity_norm_problems()
+
+    def sphere_problems(self) -> list[str]:
+        """nGPT has no norm layers, no biases and no dropout, and does its own QK normalization."""
+        if self.norm_placement not in PLACEMENT_CLASSES or not PLACEMENT_CLASSES[self.norm_placement].on_sphere:
+            return []
+        why = f"norm_placement {self.norm_placement} keeps the stream and the weights on the unit sphere"
+        placement = PLACEMENT_CLASSES[self.norm_placement]
+        asked = [(not placement.uses_norm_type and self.norm_type != "none", f"it has no norm layers, so norm_type {self.norm_type!r} would change "
+                                            f"nothing; set norm_type none"),
+                 (self.bias, "its matrices are normalized and it has no biases; set bias false"),
+                 (self.dropout > 0, "it moves the stream towards each sublayer's normalized output, which "
+                                    "dropout's rescaling has no meaning for; set dropout 0"),
+                 (self.qk_norm or self.qk_scale != "fixed", "it normalizes and scales queries and keys itself; "
+                                                            "set qk_norm false and qk_scale fixed")]
+        return [f"{why}: {text}" for bad, text in asked if bad]
 
     def qk_problems(self) -> list[str]:
         """qk_scale needs normalized queries and keys; HybridNorm normalizes them already."""
@@ -257,7 +272,7 @@ class MultiHeadAttention(nn.Module):
     the placement.
     """
 
-    def __init__(self, cfg: GPTConfig, normalize_values: bool = False):
+    def __init__(self, cfg: GPTConfig, normalize_values: bool = False, on_sphere: bool = False):
         super().__init__()
         self.n_head = cfg.n_head
         self.dropout = cfg.dropout
@@ -271,6 +286,9 @@ class MultiHeadAttention(nn.Module):
         self.v_norm = make_norm(cfg, head_size) if normalize_values else None
         self.qk_scale = QKScale(cfg.qk_scale, cfg.n_head, head_size, cfg.block_size) \
             if cfg.qk_scale != "fixed" else None
+        # nGPT: q and k on the unit sphere per head, times s_qk (one per head and channel, effective
+        # init 1, scale 1/sqrt(C), as the code's sqk), and sqrt(D) as the softmax scale.
+        self.sqk = Scale((cfg.n_embd,), 1.0, cfg.n_embd ** -0.5) if on_sphere else None  # read as (H, 1, D)
 
     def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values of ``x`` (B, T, C), each (B, H, T, D); with ``qk_norm`` the
@@ -282,6 +300,9 @@ class MultiHeadAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.sqk is not None:
+            s_qk = self.sqk.value().view(self.n_head, 1, -1)  # (H, 1, D)
+            q, k = sphere(q) * s_qk, sphere(k) * s_qk
         if self.v_norm is not None:
             v = self.v_norm(v)
         if self.qk_scale is not None:
@@ -290,7 +311,9 @@ class MultiHeadAttention(nn.Module):
 
     def scale(self) -> float | None:
         """What the attention kernel multiplies q.k by: 1 where the queries carry it (qk_scale),
-        else None, the kernel's own 1/sqrt(D)."""
+        sqrt(D) for nGPT, else None, the kernel's own 1/sqrt(D)."""
+        if self.sqk is not None:
+            return math.sqrt(self.sqk.weight.shape[0] // self.n_head)
         return 1.0 if self.qk_scale is not None else None
 
     def attention_logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -300,7 +323,7 @@ class MultiHeadAttention(nn.Module):
         q, k, _ = self.heads(x)
         T = x.shape[1]
         scores = q @ k.transpose(-2, -1)  # (B, H, T, T)
-        scores = scores / math.sqrt(q.shape[-1]) if self.scale() is None else scores
+        scores = scores / math.sqrt(q.shape[-1]) if self.scale() is None else scores * self.scale()
         visible = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         return scores.masked_fill(~visible, float("-inf"))
 
@@ -321,15 +344,24 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """Position-wise MLP: C -> 4C -> GELU -> C. Its residual dropout is the Block's."""
+    """Position-wise MLP: C -> 4C -> GELU -> C. Its residual dropout is the Block's. Under nGPT
+    (``on_sphere``) the hidden pre-activation is multiplied by s_u sqrt(C) (``su``, effective init 1):
+    the input and fc's rows are unit vectors, so without it every pre-activation would be a cosine
+    of size about 1/sqrt(C), where GELU is nearly linear (nGPT §2.4; its code scales its SwiGLU
+    input, both halves, the same way)."""
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, on_sphere: bool = False):
         super().__init__()
         self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)  # writes into the residual stream
+        self.su = Scale((4 * cfg.n_embd,), 1.0, 1.0) if on_sphere else None
+        self.width_factor = math.sqrt(cfg.n_embd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
-        return self.proj(F.gelu(self.fc(x)))
+        h = self.fc(x)  # (B, T, 4C)
+        if self.su is not None:
+            h = h * (self.su.value() * self.width_factor)
+        return self.proj(F.gelu(h))
 
 
 class Block(nn.Module):
@@ -347,7 +379,8 @@ class Block(nn.Module):
     (Post-LN with the residual weighted by ``residual_scale``), Admin (Post-LN with the residual
     weighted per channel by ``omega_attn``, ``omega_ffwd``), Mix-LN (Post-LN, then Pre-LN),
     OLMo 2's output norm (``ln1``, ``ln2`` after ``sa``, ``ffwd``), HybridNorm (q, k, v normalized
-    in ``sa``, the FFN Post-Norm) and HybridNorm* (its block 0 Pre-LN); Pre-LN's options are
+    in ``sa``, the FFN Post-Norm), HybridNorm* (its block 0 Pre-LN) and nGPT (the stream on the unit
+    sphere, moved towards each sublayer's normalized output by ``alpha_attn``, ``alpha_mlp``); Pre-LN's options are
     LayerNorm Scaling (``ln_scale``) and the residual gates (``gate_attn``, ``gate_ffwd``).
     """
 
@@ -356,9 +389,9 @@ class Block(nn.Module):
         # index: this block's position, 0 for the first (Mix-LN, HybridNorm* and LayerNorm Scaling depend on it).
         self.placement = PLACEMENT_CLASSES[cfg.norm_placement].for_block(cfg, index)
         self.ln1 = self.placement.make_ln1(cfg)
-        self.sa = MultiHeadAttention(cfg, normalize_values=self.placement.normalizes_qkv)
+        self.sa = MultiHeadAttention(cfg, self.placement.normalizes_qkv, self.placement.on_sphere)
         self.ln2 = make_norm(cfg, cfg.n_embd)
-        self.ffwd = FeedForward(cfg)
+        self.ffwd = FeedForward(cfg, self.placement.on_sphere)
         self.drop = nn.Dropout(cfg.dropout)  # residual dropout, shared by both branches (it has no state)
         self.placement.build(self, cfg, index)  # the placement's own norms and scales
 
@@ -397,7 +430,12 @@ class GPT(nn.Module):
         # on N(0, 0.02) embeddings: their stream starts at RMS 0.02 sqrt(C), not 0.03.
         scale = math.sqrt(cfg.n_embd) if init_parts(cfg).embedding == "unit" or cfg.emb_scale_learnable else 1.0
         self.emb_scale = nn.Parameter(torch.tensor(scale)) if cfg.emb_scale_learnable else scale  # () or float
+        # nGPT (babygpt/placements.py, NGPT): the stream and the matrices on the unit sphere, and the
+        # logits scaled per vocabulary entry by s_z (effective init 1, scale 1/sqrt(C), as the code's sz).
+        self.on_sphere = PLACEMENT_CLASSES[cfg.norm_placement].on_sphere
+        self.logit_scale = Scale((cfg.vocab_size,), 1.0, cfg.n_embd ** -0.5) if self.on_sphere else None
         init_weights(self)  # by cfg.init: see babygpt/init.py
+        self.after_step()  # nGPT: its matrices start on the sphere, as the code normalizes them before step 0
 
     def num_params(self) -> int:
         """Number of distinct parameters (the tied embedding counted once)."""
@@ -406,7 +444,23 @@ class GPT(nn.Module):
     def embed(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
         """The stream block 0 reads: token + position embeddings of idx (B, T) at positions start.., (B, T, C)."""
         pos = torch.arange(start, start + idx.shape[1], device=idx.device)  # (T,)
-        return self.drop(self.ln_emb(self.tok_emb(idx) * self.emb_scale + self.pos_emb(pos)))
+        x = self.drop(self.ln_emb(self.tok_emb(idx) * self.emb_scale + self.pos_emb(pos)))
+        return sphere(x) if self.on_sphere else x
+
+    @torch.no_grad()
+    def after_step(self) -> None:
+        """After every optimizer step (and once at init): nGPT puts each matrix back on the unit
+        sphere along its embedding dimension (the code's normalize_matrices): the rows of the token
+        embedding (and so of the tied LM head), of qkv and of fc, and the columns of the two
+        projections that write into the stream. Nothing for the other placements."""
+        if not self.on_sphere:
+            return
+        matrices = [(self.tok_emb.weight, 1)]
+        for block in self.blocks:
+            matrices += [(block.sa.qkv.weight, 1), (block.sa.proj.weight, 0),
+                         (block.ffwd.fc.weight, 1), (block.ffwd.proj.weight, 0)]
+        for weight, dim in matrices:
+            weight.copy_(F.normalize(weight.float(), dim=dim).to(weight.dtype))
 
     def hidden(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """The final hidden state (B, T, C) of token ids idx (B, T): the stream after the last
@@ -444,6 +498,8 @@ class GPT(nn.Module):
         cross-entropy loss (a scalar; None without targets); ``cache`` as in ``hidden``."""
         x = self.hidden(idx, cache)  # (B, T, C)
         logits = self.lm_head(x)  # (B, T, V)
+        if self.logit_scale is not None:  # nGPT's s_z
+            logits = logits * self.logit_scale.value().to(logits.dtype)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
@@ -522,7 +578,7 @@ class GPT(nn.Module):
         expected = {id(p) for m in self.modules() if isinstance(m, Norm) for p in m.parameters()}
         expected |= {id(self.emb_scale)} if isinstance(self.emb_scale, nn.Parameter) else set()
         # ReZero's and SkipInit's alpha, LayerScale's lambda, Admin's omega, QK-norm's learned scales
-        expected |= {id(m.weight) for m in self.modules() if isinstance(m, (Gate, QKScale))}
+        expected |= {id(m.weight) for m in self.modules() if isinstance(m, (Gate, QKScale, Scale))}
         expected |= {id(m.bias) for m in self.modules() if isinstance(m, nn.Linear) and m.bias is not None}
         assert {id(p) for p in no_decay} == expected, "norm/bias parameters must be exactly the non-decayed group"
         assert len(decay) + len(no_decay) == len(params), "every parameter must be in exactly one optimizer group"

@@ -1,11 +1,12 @@
 """Norm placements: where a Block's norms sit and how its two residual branches are wired.
 
 Each placement is one declared object, a ``Placement`` subclass registered in ``PLACEMENTS``: it
-says whether the model needs a final norm (``final_norm``), builds the norms a block owns
-(``build``: always ``ln1`` and ``ln2``, plus its own), wires the block's forward (``forward``),
+says whether the model needs a final norm (``final_norm``), what ``ln1`` is (``make_ln1``), what
+else a block owns besides ``ln1`` and ``ln2`` (``build``), wires the block's forward (``forward``),
 and draws its residual path in its docstring. A placement that varies with depth (Mix-LN,
 HybridNorm*) gives each block the placement it gets (``for_block``). A placement that sets its
-init from a forward pass (Admin) does it in ``profile``.
+init from a forward pass (Admin) does it in ``profile``. One that keeps the stream on the unit
+sphere (nGPT) declares ``on_sphere``, which attention, the MLP and GPT read.
 
 Residual dropout (``block.drop``, p = dropout) acts on exactly what a sublayer branch adds to the
 stream, the last thing before each (+) in the diagrams. Dropout scales the values it keeps by
@@ -52,6 +53,23 @@ class Gate(nn.Module):
         return self.weight * y
 
 
+class Scale(nn.Module):
+    """A learnable scaling vector as nGPT parametrizes every one of them (Loshchilov et al. 2024,
+    arXiv:2410.01131, §2.5; code NVIDIA/ngpt model.py, e.g. ``attn_alpha`` with
+    ``attn_alpha_init_value`` and ``attn_alpha_init_scaling``): the parameter is stored at ``scale``
+    and read as ``weight * (init / scale)``, so the effective value starts at ``init`` while Adam
+    moves it by about lr * init / scale per step, whatever the global learning rate suits.
+    Never weight-decayed (nGPT trains without weight decay)."""
+
+    def __init__(self, shape: tuple[int, ...], init: float, scale: float):
+        super().__init__()
+        self.init, self.scale = init, scale
+        self.weight = nn.Parameter(torch.full(shape, scale))
+
+    def value(self) -> torch.Tensor:
+        return self.weight * (self.init / self.scale)
+
+
 def residual_gate(cfg) -> nn.Module:
     """The gate of one sublayer by ``cfg.residual_gate``: a scalar at 0 (ReZero, SkipInit),
     LayerScale's vector at layerscale_init, or the identity."""
@@ -75,6 +93,8 @@ class Placement:
     name: ClassVar[str]
     final_norm: ClassVar[bool] = True  # is ln_f on by default (the stream reaches the head un-normalized)
     normalizes_qkv: ClassVar[bool] = False  # does attention normalize q, k and v itself (HybridNorm)
+    on_sphere: ClassVar[bool] = False  # is the stream kept on the unit sphere (nGPT): see NGPT
+    uses_norm_type: ClassVar[bool] = True  # does it build norm layers of norm_type (nGPT has none)
 
     def for_block(self, cfg, index: int) -> "Placement":
         """The placement block ``index`` (0 first) gets; itself unless it varies with depth."""
@@ -345,7 +365,59 @@ class HybridNormFirst(HybridNorm):
         return x + block.drop(block.ffwd(block.ln2(x)))
 
 
+def sphere(x: torch.Tensor) -> torch.Tensor:
+    """x / ||x|| over the last dimension (nGPT's Norm; the code's ``justnorm`` has no eps, F.normalize
+    keeps 1e-12 against an exactly zero vector)."""
+    return torch.nn.functional.normalize(x, dim=-1)
+
+
+class NGPT(Placement):
+    """nGPT, the normalized Transformer (Loshchilov et al. 2024, arXiv:2410.01131; code NVIDIA/ngpt,
+    model.py ``Block.forward`` with use_nGPT=1, train.py ``normalize_matrices``): the stream h lives
+    on the unit sphere, and each sublayer moves it part of the way towards its own normalized output,
+    by per-channel "eigen learning rates" α_A, α_M (``alpha_attn``, ``alpha_mlp``: ``Scale`` vectors,
+    effective init 0.05, scale 1/sqrt(C); the code takes their absolute value, as here)::
+
+        h ──┬──────────────────┐
+            └─► sa ─► ‖·‖ ──────┴─► h + |α_A| (· − h) ─► ‖·‖ ──► the same with ffwd and α_M ──►
+
+        h ← ‖h + |α_A| (‖sa(h)‖ − h)‖,   h ← ‖h + |α_M| (‖ffwd(h)‖ − h)‖,   ‖x‖ = x / |x|
+
+    There are no norm layers: ``ln1``, ``ln2`` and ``ln_f`` are the identity (norm_type must be none).
+    The rest of nGPT lives where the model already has a place for it: attention normalizes q and k
+    per head, scales them by s_qk and uses sqrt(D), not 1/sqrt(D), as the softmax scale
+    (``MultiHeadAttention``, on_sphere); the MLP's hidden pre-activation is scaled by s_u sqrt(C)
+    (``FeedForward``); the logits by s_z (``GPT.logit_scale``); the embedding is normalized before
+    block 0; and every matrix is put back on the sphere along its embedding dimension at init and
+    after every optimizer step (``GPT.after_step``). nGPT trains with no weight decay, no warmup and
+    no dropout (config/ngpt.py; dropout is refused).
+
+    Where this differs from the paper and code, because the model's structure stays: the MLP is this
+    project's GELU MLP, not SwiGLU, so s_u scales fc's output (the code scales both halves of its
+    fused SwiGLU input by sqrt(C)); positions are learned embeddings added before the normalization,
+    not RoPE; the LM head is tied to the token embedding (the code unties them, but normalizes both
+    the same way, row by row, so a tied matrix is on the sphere for both uses); F.normalize's eps.
+    """
+
+    name = "ngpt"
+    final_norm = False
+    on_sphere = True
+    uses_norm_type = False
+
+    def make_ln1(self, cfg):
+        return make_norm(cfg, cfg.n_embd, "none")
+
+    def build(self, block, cfg, index):
+        block.alpha_attn = Scale((cfg.n_embd,), 0.05, cfg.n_embd ** -0.5)
+        block.alpha_mlp = Scale((cfg.n_embd,), 0.05, cfg.n_embd ** -0.5)
+
+    def forward(self, block, x, cache, layer):
+        x = sphere(x + block.alpha_attn.value().abs() * (sphere(block.sa(x, cache, layer)) - x))
+        return sphere(x + block.alpha_mlp.value().abs() * (sphere(block.ffwd(x)) - x))
+
+
 # The registry: norm_placement's choices, in the order the docs list them.
 PLACEMENTS: dict[str, Placement] = {p.name: p for p in (
-    PreLN(), PostLN(), Sandwich(), DeepNorm(), MixLN(), OutputNorm(), HybridNorm(), HybridNormStar(), Admin())}
+    PreLN(), PostLN(), Sandwich(), DeepNorm(), MixLN(), OutputNorm(), HybridNorm(), HybridNormStar(), Admin(),
+    NGPT())}
 HYBRID_FIRST = HybridNormFirst()  # not a choice of its own: HybridNorm*'s block 0

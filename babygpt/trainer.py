@@ -448,6 +448,7 @@ class Trainer:
             self.state.scaler_skipped_steps += int(self.scaler.get_scale() < scale)  # the scale drops on a skip
         else:
             self.optimizer.step()
+        self.model.after_step()  # nGPT puts its matrices back on the sphere; nothing for the others
         hook.after_update()
         self.optimizer.zero_grad(set_to_none=True)
         return step_loss

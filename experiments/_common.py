@@ -137,11 +137,31 @@ def budget_args(args, extra: dict | None = None, runs=()) -> list[str]:
     budget = dict(TIERS[tier(args)])
     budget.update(extra or {})
     budget = {k: v for k, v in budget.items() if not any(k in run.overrides for run in runs)}
+    for line in budget_over_config(budget, runs):
+        print(f"warning: {line}", file=sys.stderr, flush=True)
     ignored = ignored_set_problems(args.set, list(runs))
     if ignored:
         raise BabyGPTError(*ignored)
     return [f"--{k}={v}" for k, v in budget.items()] + [f"--data_dir={args.data_dir}"] + \
         [f"--{s}" for s in args.set]
+
+
+def budget_over_config(budget: dict, runs) -> list[str]:
+    """One line per config file that sets a key the tier's budget sets for every run (nGPT's
+    warmup_iters = 0): the budget wins, so that every configuration of a table trains alike, and
+    the user is told rather than left to find it in config.json."""
+    from babygpt.config import read_config_file
+
+    lines = []
+    for path in sorted({run.config for run in runs if run.config}):
+        try:
+            own = read_config_file(path)
+        except BabyGPTError:
+            continue  # the sweep's own check reports an unreadable config
+        clash = {k: v for k, v in own.items() if k in budget and budget[k] != v}
+        lines += [f"{path} sets {k} = {v!r}; this tier's budget trains every run with {k}={budget[k]!r}"
+                  for k, v in clash.items()]
+    return lines
 
 
 def sweep(out: str, runs: list, base_args: list[str], args) -> Sweep:

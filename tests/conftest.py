@@ -11,14 +11,23 @@ sys.path.insert(0, ROOT)
 
 from babygpt.model import PLACEMENTS, GPTConfig  # noqa: E402
 from babygpt.norms import NORMS  # noqa: E402
+from babygpt.placements import PLACEMENTS as PLACEMENT_CLASSES  # noqa: E402
 
-GRID = list(itertools.product(PLACEMENTS, NORMS))  # every placement x norm_type
+# every placement x norm_type, where the placement builds norms of norm_type (nGPT builds none: norm_type none only)
+GRID = [(p, n) for p, n in itertools.product(PLACEMENTS, NORMS) if PLACEMENT_CLASSES[p].uses_norm_type or n == "none"]
 GRID_IDS = [f"{p}-{n}" for p, n in GRID]
+# The placements that build norms of norm_type, and those that take residual dropout (nGPT neither).
+NORMED_PLACEMENTS = [p for p in PLACEMENTS if PLACEMENT_CLASSES[p].uses_norm_type]
+DROPOUT_PLACEMENTS = [p for p in PLACEMENTS if not PLACEMENT_CLASSES[p].on_sphere]
+INIT_PLACEMENTS = DROPOUT_PLACEMENTS  # whose weights are the init's: nGPT puts its matrices on the sphere
 
 
 def tiny_config(**overrides) -> GPTConfig:
     """2 layers, width 32: big enough to have every part of the model, small enough for CPU tests."""
-    values = dict(vocab_size=29, block_size=16, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
+    # biases, except where the placement has none (nGPT)
+    placement = PLACEMENT_CLASSES.get(overrides.get("norm_placement", "pre"))
+    sphere = placement is not None and placement.on_sphere
+    values = dict(vocab_size=29, block_size=16, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=not sphere)
     values.update(overrides)
     return GPTConfig(**values)
 

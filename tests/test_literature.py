@@ -288,3 +288,112 @@ def test_a_run_from_scratch_profiles_admin_once_and_a_resume_keeps_its_omega(dat
     resumed = Trainer(load_config([*args, "--init_from=resume"]))
     resumed.train()  # at max_iters already: loads the checkpoint and stops
     assert all(torch.equal(a, b.omega_attn.weight) for a, b in zip(trained, resumed.model.blocks))
+
+
+# ------------------------------------------------------------------ nGPT
+
+
+def ngpt(**overrides):
+    return GPT(tiny_config(norm_placement="ngpt", norm_type="none", **overrides))
+
+
+def unit(t, dim=-1):
+    return t / t.norm(dim=dim, keepdim=True)
+
+
+def test_ngpt_matrices_start_and_stay_on_the_sphere_along_the_embedding_dimension():
+    """The code's normalize_matrices: rows of the embedding, qkv and fc; columns of the two
+    projections into the stream; at init and after every optimizer step."""
+    torch.manual_seed(0)
+    model = ngpt()
+
+    def check():
+        one = lambda w, dim: assert_close(w.norm(dim=dim), torch.ones(w.shape[1 - dim]))  # noqa: E731
+        one(model.tok_emb.weight, 1)
+        for b in model.blocks:
+            one(b.sa.qkv.weight, 1), one(b.sa.proj.weight, 0), one(b.ffwd.fc.weight, 1), one(b.ffwd.proj.weight, 0)
+
+    check()
+    optimizer = model.configure_optimizers(0.0, 1e-2)
+    idx = torch.randint(29, (2, 16))
+    model(idx, idx)[1].backward()
+    optimizer.step()
+    with pytest.raises(AssertionError):
+        check()  # the step moved them off
+    model.after_step()
+    check()
+
+
+def test_ngpt_attention_is_scaled_cosine_with_sqrt_d():
+    """q, k normalized per head, each times s_qk (per head and channel), logits scaled by sqrt(D)."""
+    model = ngpt()
+    sa = model.blocks[0].sa
+    with torch.no_grad():
+        sa.sqk.weight.copy_(torch.linspace(0.5, 1.5, 32) * sa.sqk.scale)  # effective s_qk = 0.5..1.5
+    s_qk = torch.linspace(0.5, 1.5, 32).view(2, 1, 16)
+    x = unit(torch.randn(2, 6, 32))
+    q, k, v = (split_heads(t, 2) for t in sa.qkv(x).split(32, dim=2))
+    y = causal_attention(unit(q) * s_qk, unit(k) * s_qk, v, math.sqrt(16))
+    assert_close(sa(x), sa.proj(merge_heads(y)))
+
+
+def test_ngpt_mlp_logits_and_embedding_follow_the_paper():
+    """The MLP's pre-activation times s_u sqrt(C); logits times s_z; the embedding on the sphere."""
+    model = ngpt()
+    block = model.blocks[0]
+    with torch.no_grad():
+        block.ffwd.su.weight.copy_(torch.linspace(0.5, 2.0, 128))
+        model.logit_scale.weight.copy_(torch.linspace(1.0, 3.0, 29) * model.logit_scale.scale)
+    x = unit(torch.randn(2, 6, 32))
+    hidden = block.ffwd.fc(x) * torch.linspace(0.5, 2.0, 128) * math.sqrt(32)
+    assert_close(block.ffwd(x), block.ffwd.proj(torch.nn.functional.gelu(hidden)))
+    idx = torch.randint(29, (2, 6))
+    assert_close(model.embed(idx).norm(dim=-1), torch.ones(2, 6))
+    assert_close(model(idx)[0], model.lm_head(model.hidden(idx)) * torch.linspace(1.0, 3.0, 29))
+
+
+def test_ngpt_eigen_learning_rates_start_at_0_05_and_no_scale_is_decayed():
+    model = ngpt()
+    for b in model.blocks:
+        assert_close(b.alpha_attn.value(), torch.full((32,), 0.05))
+        assert_close(b.alpha_mlp.value(), torch.full((32,), 0.05))
+    optimizer = model.configure_optimizers(0.1, 1e-3)
+    no_decay = {id(p) for g in optimizer.param_groups if g["weight_decay"] == 0 for p in g["params"]}
+    scales = [model.logit_scale.weight] + [w for b in model.blocks for w in
+                                           (b.alpha_attn.weight, b.alpha_mlp.weight, b.sa.sqk.weight, b.ffwd.su.weight)]
+    assert all(id(w) in no_decay for w in scales)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(norm_type="rmsnorm"), "it has no norm layers"), (dict(bias=True), "it has no biases"),
+    (dict(dropout=0.1), "set dropout 0"), (dict(qk_scale="learned"), "set qk_norm false and qk_scale fixed")])
+def test_ngpt_refuses_what_it_does_not_have(overrides, message):
+    values = dict(norm_placement="ngpt", norm_type="none", bias=False)
+    with pytest.raises(BabyGPTError, match=message):
+        tiny_config(**{**values, **overrides})
+
+
+def test_ngpt_trains_and_its_config_file_builds_it(data_dir, tmp_path):
+    from babygpt.trainer import Trainer
+    from conftest import TINY_TRAIN_ARGS
+
+    path = os.path.join(ROOT, "config", "ngpt.py")
+    cfg = load_config([path, *TINY_TRAIN_ARGS, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'n'}",
+                       "--max_iters=30", "--learning_rate=1e-2"])
+    shipped = load_config([path])
+    assert (shipped.weight_decay, shipped.warmup_iters, shipped.model.bias) == (0.0, 0, False)
+    summary = Trainer(cfg).train()
+    first = float(open(tmp_path / "n" / "metrics.jsonl").readline().split('"val_loss": ')[1].rstrip("}\n"))
+    assert summary["status"] == "finished" and summary["val_loss_full"] < first - 0.5
+
+
+def test_an_experiment_says_when_its_budget_overrides_a_config_files_own_key():
+    import sys
+
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    import _common
+    from babygpt.sweep import Run
+
+    runs = [Run({}, 0, os.path.join(ROOT, "config", name)) for name in ("ngpt.py", "prenorm_rms.py")]
+    lines = _common.budget_over_config(dict(_common.DEFAULT_BUDGET), runs)
+    assert len(lines) == 1 and "ngpt.py sets warmup_iters = 0" in lines[0] and "warmup_iters=50" in lines[0]

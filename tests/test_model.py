@@ -12,7 +12,7 @@ from torch.testing import assert_close
 from babygpt.errors import BabyGPTError
 from babygpt.model import GPT, INITS, PLACEMENTS, Block, GPTConfig, KVCache
 from babygpt.norms import NORMS, LayerNorm, NoNorm, Norm, NormOptions, RMSNorm, norm_class
-from conftest import GRID, GRID_IDS, tiny_config
+from conftest import DROPOUT_PLACEMENTS, GRID, GRID_IDS, INIT_PLACEMENTS, NORMED_PLACEMENTS, tiny_config
 
 # A norm that mixes positions (BatchNorm's training statistics span the whole sequence) is not
 # causal by design, and test_variants.py shows exactly that instead.
@@ -102,11 +102,12 @@ def test_postln_layernorm_block_outputs_are_normalized():
 @pytest.mark.parametrize("placement,expected",
                          [("pre", RMSNorm), ("post", NoNorm), ("sandwich", RMSNorm), ("deepnorm", NoNorm),
                           ("mixln", RMSNorm), ("output", RMSNorm), ("hybrid", RMSNorm), ("hybrid_star", RMSNorm),
-                          ("admin", NoNorm)])
+                          ("admin", NoNorm), ("ngpt", NoNorm)])
 
 
 def test_final_norm_auto(placement, expected):
-    assert isinstance(GPT(tiny_config(norm_placement=placement, norm_type="rmsnorm")).ln_f, expected)
+    norm = "rmsnorm" if placement in NORMED_PLACEMENTS else "none"  # nGPT has no norm layers
+    assert isinstance(GPT(tiny_config(norm_placement=placement, norm_type=norm)).ln_f, expected)
 
 
 @pytest.mark.parametrize("final_norm,expected", [(True, LayerNorm), (False, NoNorm)])
@@ -115,7 +116,7 @@ def test_final_norm_auto(placement, expected):
 def test_final_norm_forced(final_norm, expected):
     cfg = tiny_config(norm_placement="post", norm_type="layernorm", final_norm=final_norm)
     assert isinstance(GPT(cfg).ln_f, expected)
-    for placement in PLACEMENTS:
+    for placement in NORMED_PLACEMENTS:
         cfg = tiny_config(norm_placement=placement, norm_type="layernorm", final_norm=final_norm)
         assert isinstance(GPT(cfg).ln_f, expected)
 
@@ -126,7 +127,8 @@ def test_final_norm_forced(final_norm, expected):
 def test_block_residual_paths(placement):
     """The Block computes exactly the documented formula for its placement (Mix-LN's block 0, of 4:
     Post-LN; HybridNorm*'s block 0: Pre-LN around both sublayers)."""
-    cfg = tiny_config(norm_placement=placement, norm_type="layernorm", n_layer=4)
+    norm = "layernorm" if placement in NORMED_PLACEMENTS else "none"
+    cfg = tiny_config(norm_placement=placement, norm_type=norm, n_layer=4)
     block = Block(cfg)
     for p in block.parameters():  # random gains and biases, so a swapped norm cannot pass
         torch.nn.init.normal_(p, 1.0 if p.dim() == 1 else 0.0, 0.3)
@@ -150,6 +152,11 @@ def test_block_residual_paths(placement):
     elif placement == "hybrid_star":
         h = x + block.sa(block.ln1(x))
         expected = h + block.ffwd(block.ln2(h))
+    elif placement == "ngpt":  # on the sphere: h <- |h + |alpha| (|f(h)| - h)|, |x| = x / ||x||
+        unit = lambda t: t / t.norm(dim=-1, keepdim=True)  # noqa: E731
+        x = unit(x)
+        h = unit(x + block.alpha_attn.value().abs() * (unit(block.sa(x)) - x))
+        expected = unit(h + block.alpha_mlp.value().abs() * (unit(block.ffwd(h)) - h))
     elif placement == "admin":  # omega: a vector per sublayer (random here, like the gains)
         h = block.ln1(block.omega_attn.weight * x + block.sa(x))
         expected = block.ln2(block.omega_ffwd.weight * h + block.ffwd(h))
@@ -187,7 +194,7 @@ def test_residual_dropout_keeps_the_branch_unbiased(placement):
     assert torch.nn.functional.cosine_similarity(mean.flatten(), expected.flatten(), dim=0) > 0.98
 
 
-@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("placement", DROPOUT_PLACEMENTS)
 
 
 def test_residual_dropout_acts_on_what_each_branch_writes(placement):
@@ -277,7 +284,7 @@ def expected_weight_stds(init: str, placement: str, C: int, N: int) -> dict[str,
 
 
 @pytest.mark.parametrize("init", INITS)
-@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("placement", INIT_PLACEMENTS)
 def test_init_weight_statistics(init, placement):
     """Each weight's std as its init defines it, zero biases, and the embedding stream's RMS:
     about 0.03 under GPT-2 init, about 1 under Xavier (sqrt(C) scaling)."""
