@@ -212,6 +212,18 @@ def new_figure(*args, **kwargs):
     return plt.subplots(*args, **kwargs)
 
 
+def save_log_x(fig, ax, refs: dict | None, path: str, labels: dict, initial: float | None = None,
+               legend_size: int = 8) -> str:
+    """Finish a loss plot whose x axis is logarithmic (an LR, minutes): the data's reference lines
+    (and the initial loss), ``labels`` (xlabel, ylabel, title), a grid and the legend; then ``save``."""
+    reference_lines(ax, refs, initial=initial)
+    ax.set_xscale("log")
+    ax.set(**labels)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
+    return save(fig, path)
+
+
 def save(fig, path: str) -> str:
     """Write ``fig`` to ``path`` (its format from the extension) atomically: a failed write (a full
     disk) is an error naming ``path`` and leaves the earlier image whole."""

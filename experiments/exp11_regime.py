@@ -39,7 +39,7 @@ import _common
 from babygpt.compare import run_loss
 from babygpt.config import FIELDS
 from babygpt.ngram import label, strongest
-from babygpt.plot import new_figure, reference_lines, save
+from babygpt.plot import new_figure, save_log_x
 from babygpt.sweep import Run
 from babygpt.tuning import ranked, search_all
 from exp2_norm_comparison import config_path, lr_overrides
@@ -50,6 +50,7 @@ SEED = 0
 MAX_EXTENSIONS = 2  # half-decade steps past an edge of a point's grid: a coarse search
 SMALL_LRS = (3e-3, 1e-2)  # the grid of the 128-wide points (experiment 2's tuned LRs lie between)
 WIDE_LRS = (1e-3, 3e-3)  # wider models train at lower LRs
+MAX_LOG10_MINUTES = 9  # a trend that meets the floor later than 10^9 minutes per run is reported as never
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,10 @@ def trend(front: list[dict], floor: float) -> tuple[float, float, float | None] 
         return None
     b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
     a = my - b * mx
-    return a, b, (10 ** ((floor - a) / b) if b < 0 else None)
+    if b >= 0:
+        return a, b, None
+    exponent = (floor - a) / b
+    return a, b, 10 ** exponent if exponent <= MAX_LOG10_MINUTES else math.inf
 
 
 def answer(points: list[dict], refs: dict) -> str:
@@ -194,8 +198,9 @@ def answer(points: list[dict], refs: dict) -> str:
     if fit is None:
         return text
     a, b, cross = fit
-    where = (f"would meet the floor at about {cross:.0f} minutes per run" if cross is not None
-             else "does not fall, so it predicts no crossing")
+    where = ("does not fall, so it predicts no crossing" if cross is None else
+             f"falls too slowly to meet the floor within 10^{MAX_LOG10_MINUTES} minutes per run"
+             if math.isinf(cross) else f"would meet the floor at about {cross:.0f} minutes per run")
     return (text + f" A straight line through the {len(front)} cheapest-so-far points, loss = {a:.3f} "
             f"{b:+.3f} log10(minutes), {where}; loss curves flatten, so read this as a lower bound on the cost.")
 
@@ -233,13 +238,9 @@ def plot(points: list[dict], refs: dict, path: str) -> None:
     front = pareto(points)
     ax.plot([minutes(p["row"]) for p in front], [run_loss(p["row"]) for p in front], "k--", linewidth=1,
             label="frontier (no cheaper point is better)")
-    reference_lines(ax, refs)
-    ax.set_xscale("log")
-    ax.set(xlabel="training minutes per run (1 thread)", ylabel="val loss, whole split (o); train loss (—)",
-           title="Pre-LN RMSNorm over size, context, dropout and steps, each at its best LR")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    save(fig, path)
+    save_log_x(fig, ax, refs, path, dict(
+        xlabel="training minutes per run (1 thread)", ylabel="val loss, whole split (o); train loss (—)",
+        title="Pre-LN RMSNorm over size, context, dropout and steps, each at its best LR"), legend_size=7)
 
 
 def main(argv):

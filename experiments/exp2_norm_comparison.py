@@ -44,7 +44,7 @@ from babygpt.compare import MIN_PAIRS_FOR_VERDICT, compare_table, equivalence_ma
     outcome_counts, run_loss
 from babygpt.errors import BabyGPTError
 from babygpt.options import option
-from babygpt.plot import load_run, new_figure, reference_lines, save
+from babygpt.plot import load_run, new_figure, reference_lines, save, save_log_x
 from babygpt.rundir import read_json, write_json
 from babygpt.stats import lr_sensitivity
 from babygpt.sweep import Run, Sweep
@@ -413,13 +413,9 @@ def plot_lr_curves(means: dict, refs, initial: dict, path) -> None:
         ax.plot(xs, [points[lr] for lr in xs], "o-", color=f"C{i}", label=name)
         bad = [lr for lr in points if not math.isfinite(points[lr])]
         ax.plot(bad, [top] * len(bad), "x", color=f"C{i}", markersize=10, markeredgewidth=2)
-    reference_lines(ax, refs, initial=top)
-    ax.set_xscale("log")
-    ax.set(xlabel="learning rate", ylabel="final val loss, whole split, mean of tuning seeds (x: diverged)",
-           title="loss vs learning rate (tuning seeds)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    save(fig, path)
+    save_log_x(fig, ax, refs, path, dict(
+        xlabel="learning rate", ylabel="final val loss, whole split, mean of tuning seeds (x: diverged)",
+        title="loss vs learning rate (tuning seeds)"), initial=top)
 
 
 if __name__ == "__main__":

@@ -159,6 +159,7 @@ def test_plot_cli_and_divergence_marker(small_sweep, tmp_path):
     ("exp8_dyt_saturation", ["--data_dir={data}", "--jobs=2"], ["dyt_saturation.png", "results.csv", "report.md"]),
     ("exp9_fp16_overflow", ["--data_dir={data}", "--jobs=2"], ["fp16_overflow.png", "results.csv", "report.md"]),
     ("exp10_depth", ["--data_dir={data}", "--jobs=2"], ["depth.png", "results.csv", "report.md"]),
+    ("exp11_regime", ["--data_dir={data}", "--jobs=2"], ["frontier.png", "results.csv", "report.md"]),
 ])
 def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
     args = [a.format(data=data_dir) for a in extra]
@@ -192,6 +193,11 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
     if script == "exp10_depth":  # six placements at 4 layers, each measured once, every block
         assert len(read_csv(tmp_path / "res" / "results.csv")) == 6
         assert "<!-- table: depth -->" in report and "| mixln_rms | 4 |" in report and "—" not in report
+    if script == "exp11_regime":  # two tiny points x two LRs, no extension in the quick tier
+        rows = read_csv(tmp_path / "res" / "results.csv")
+        assert len(rows) == 4 and {r["cfg.max_iters"] for r in rows} == {"10", "20"}
+        assert "<!-- table: frontier -->" in report and "<!-- table: references -->" in report
+        assert "strongest floor" in report
     if script == "exp9_fp16_overflow":  # one LR; the tiny model's stream stays far below 255.9
         rows = read_csv(tmp_path / "res" / "results.csv")
         assert len(rows) == 1 and rows[0]["first_crossing"] == "" and rows[0]["checkpoint_iter"] == "10"
@@ -203,6 +209,27 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
             {("no depth factor", "0.003"), ("no depth factor", "0.01")}
         assert {r["label"] for r in rows if r["cfg.init_linear"] == "xavier"} == {"xavier weights"}
         assert "<!-- table: hypotheses -->" in report and "<!-- table: diagnostics -->" in report
+
+
+def test_frontier_keeps_the_points_no_cheaper_one_beats_and_extrapolates_to_the_floor(monkeypatch):
+    """Pareto: cheapest first, each better than every cheaper one; the trend is the least-squares
+    line of loss against log10(minutes) through them, and where it meets the floor."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp11_regime as exp11
+
+    def point(minutes, loss):
+        return {"row": {"wall_time_s": 60 * minutes, "val_loss_full": loss, "status": "finished"}}
+
+    points = [point(10, 1.70), point(1, 2.0), point(100, 1.60), point(20, 1.80), point(1000, 1.65)]
+    front = exp11.pareto(points)
+    assert [exp11.minutes(p["row"]) for p in front] == [1, 10, 100]
+    a, b, cross = exp11.trend(front, 1.5)
+    assert (a, b) == (pytest.approx(2.0 - 0.7 / 3 + 0.2), pytest.approx(-0.2))  # through (0, 2.0), (1, 1.7), (2, 1.6)
+    assert cross == pytest.approx(10 ** ((1.5 - a) / b))
+    assert exp11.trend(front[:1], 1.5) is None
+    flat = [point(1, 2.0), point(10, 2.0 - 1e-9)]
+    assert exp11.trend(exp11.pareto(flat), 1.5)[2] == math.inf  # falls, too slowly to ever get there
+    assert exp11.trend([point(1, 1.9), point(10, 1.8)], 1.9)[2] == pytest.approx(1.0)
 
 
 def test_stability_map_cells_and_largest_stable_lr(monkeypatch):
