@@ -19,9 +19,11 @@ The protocol of GUIDE §6, the same for every configuration:
 lr / 10, so the schedule keeps its shape across the grid.
 
 Tiers: --quick checks the pipeline (tiny model, 2 LRs, no extension); the default uses
-_common.DEFAULT_BUDGET with 400 iterations; --full trains the core configurations with train.py's
-own budget (2,400 iterations) at the tuned LRs of the default tier's results (--tuned_from): LRs
-tuned at another budget, which its report says.
+_common.DEFAULT_BUDGET with 400 iterations; --full uses train.py's own budget (2,400 iterations)
+and tunes there too, as GUIDE §6 asks (a verdict at a budget needs LRs tuned at that budget): each
+configuration's search starts from the three half-decade points around the LR the default tier
+tuned for it (--tuned_from, one or more default-tier outputs), and is extended and refined as in
+the default tier; then the same five evaluation seeds.
 
     python experiments/exp2_norm_comparison.py [--quick | --full] [--configs A.py,B.py] [--baseline NAME]
         [--tune_seeds T] [--seeds E] [--margin M] [--jobs N] [--out DIR]
@@ -48,7 +50,7 @@ from babygpt.plot import load_run, new_figure, reference_lines, save, save_log_x
 from babygpt.rundir import read_json, write_json
 from babygpt.stats import lr_sensitivity
 from babygpt.sweep import Run, Sweep
-from babygpt.tuning import MAX_EXTENSIONS, ranked, search_all
+from babygpt.tuning import HALF_DECADE, MAX_EXTENSIONS, ranked, search_all, snap_half_decade
 
 NAME = "exp2_norm_comparison"
 # 400 iterations (not 500), evals every 100: the cost of ~20 runs per configuration (the LR search
@@ -57,8 +59,8 @@ EXP2_BUDGET = {"max_iters": 400, "eval_interval": 100}
 CORE = ("prenorm_rms", "prenorm_ln", "postnorm_ln", "prenorm_none")
 GRID = {"quick": "3e-3,3e-2", "default": "3e-4,1e-3,3e-3,1e-2,3e-2"}
 TUNE_SEEDS = {"quick": 2, "default": 2, "full": 2}
-SEEDS = {"quick": 2, "default": 5, "full": 2}
-EXTENSIONS = {"quick": 0, "default": MAX_EXTENSIONS, "full": 0}
+SEEDS = {"quick": 2, "default": 5, "full": 5}
+EXTENSIONS = {"quick": 0, "default": MAX_EXTENSIONS, "full": MAX_EXTENSIONS}
 TUNED_FILE = "tuned_lrs.json"
 
 
@@ -68,6 +70,13 @@ def config_path(name: str) -> str:
 
 def config_name(path: str) -> str:
     return os.path.splitext(os.path.basename(path))[0]
+
+
+def centered_grid(lr: float) -> list[float]:
+    """The three half-decade points (..., 1e-3, 3e-3, 1e-2, ...) around ``lr``: where the full tier's
+    search starts for a configuration the default tier tuned to ``lr``."""
+    centre = snap_half_decade(lr)
+    return sorted({snap_half_decade(centre / HALF_DECADE), centre, snap_half_decade(centre * HALF_DECADE)})
 
 
 def lr_overrides(lr: float) -> dict:
@@ -106,8 +115,9 @@ class Exp2Options(_common.TrainingOptions):
                                       "quick 3e-3,3e-2)")
     margin: Optional[float] = option(None, "the equivalence margin m in nats (none: the baseline's seed-to-seed "
                                            "standard deviation)")
-    tuned_from: Optional[str] = option(None, "--full: the default tier's output, whose tuned LRs it uses "
-                                             f"(none: results/{NAME})")
+    tuned_from: Optional[str] = option(None, "--full: the default tier's outputs (comma-separated; the first "
+                                             "that tuned a configuration counts), around whose tuned LRs the "
+                                             f"search starts (none: results/{NAME})")
 
     def config_files(self) -> list[str]:
         return self.configs.split(",") if self.configs else [config_path(n) for n in CORE]
@@ -129,20 +139,19 @@ class Exp2Options(_common.TrainingOptions):
                             f"got {self.tune_seeds}")
         if self.margin is not None and not (self.margin > 0 and math.isfinite(self.margin)):
             problems.append(f"--margin takes a positive number of nats, got {self.margin}")
-        if self.full and self.lrs:
-            problems.append("--full has no LR grid (it uses the default tier's tuned LRs); drop --lrs")
         return problems
 
 
 @dataclass
 class Plan:
-    """What an invocation trains: configurations by name, the LR grid (empty in --full), the seeds."""
+    """What an invocation trains: configurations by name, the LR grid each one's search starts
+    from, the seeds."""
 
     tier: str
     out: str
     configs: dict  # name -> config file
     baseline: str
-    lrs: list
+    grids: dict  # name -> the LRs its search starts from
     tune_seeds: list
     seeds: list
     args: object = None  # the command line, for how the sweeps are spread (jobs, shards, GPUs)
@@ -168,7 +177,7 @@ class Outcome:
     """What the training left: the search's mean losses, the tuned and runner-up LRs, the evaluation
     runs (at the tuned LRs, and the baseline at its runner-up) and every run's results row."""
 
-    means: dict  # name -> {lr: mean loss over the tuning seeds}; empty in --full
+    means: dict  # name -> {lr: mean loss over the tuning seeds}
     tuned: dict  # name -> LR or None
     second: dict  # name -> LR or None
     censored: dict  # name -> True where the best LR stayed at an edge of the search
@@ -183,40 +192,44 @@ def main(argv):
     tier = _common.tier(args)
     configs = {config_name(c): c for c in args.config_files()}
     n_tune = args.tune_seeds or TUNE_SEEDS[tier]
-    plan = Plan(tier, _common.output_path(args, NAME), configs, args.baseline or next(iter(configs)),
-                sorted(floats(args.lrs or GRID[tier])) if tier != "full" else [], list(range(n_tune)),
-                list(range(n_tune, n_tune + (args.seeds or SEEDS[tier]))), args)
     tuned_from = args.tuned_from or os.path.join("results", NAME)
-    outcome = train(args, plan, tuned_from)
+    plan = Plan(tier, _common.output_path(args, NAME), configs, args.baseline or next(iter(configs)),
+                start_grids(args, tier, configs, tuned_from), list(range(n_tune)),
+                list(range(n_tune, n_tune + (args.seeds or SEEDS[tier]))), args)
+    outcome = train(args, plan)
     write_results(args, plan, outcome, tuned_from, started)
     return 0
 
 
-def train(args, plan: Plan, tuned_from: str) -> Outcome:
-    """The LR search on the tuning seeds (unless --full, which reads the tuned LRs), then the
-    evaluation seeds there and the baseline's at its runner-up LR."""
-    record = read_record(tuned_from, plan.configs) if not plan.lrs else None
-    first = [r for by_lr in plan.tuning({n: plan.lrs for n in plan.configs}).values() for rs in by_lr.values()
-             for r in rs] if plan.lrs else []
-    known = first or [r for rs in plan.seed_runs(record["tuned"]).values() for r in rs]  # known before training
+def start_grids(args, tier: str, configs: dict, tuned_from: str) -> dict:
+    """{name: the LRs its search starts from}: --lrs or the tier's grid; in --full without --lrs, the
+    three half-decade points around the LR the default tier tuned for it (all of them diverged there:
+    the default grid)."""
+    if args.lrs or tier != "full":
+        return {name: sorted(floats(args.lrs or GRID[tier])) for name in configs}
+    tuned = read_record(tuned_from.split(","), configs)["tuned"]
+    return {name: centered_grid(tuned[name]) if tuned[name] else sorted(floats(GRID["default"])) for name in configs}
+
+
+def train(args, plan: Plan) -> Outcome:
+    """The LR search on the tuning seeds, then the evaluation seeds at each configuration's tuned LR
+    and the baseline's at its runner-up LR."""
+    known = [r for by_lr in plan.tuning(plan.grids).values() for rs in by_lr.values() for r in rs]
     plan.base_args = _common.budget_args(args, EXP2_BUDGET if plan.tier == "default" else {}, known)
     _common.claim(plan.out, args, NAME, plan.sweep(known))
-    if plan.lrs:
-        searched = search_all({n: plan.lrs for n in plan.configs}, lambda wanted: train_round(plan, wanted),
-                              EXTENSIONS[plan.tier])
-        means = {name: means for name, (_, means) in searched.items()}
-        record = {"tuned": {n: (ranked(m) + [None])[0] for n, m in means.items()},
-                  "second": {n: (ranked(m) + [None, None])[1] for n, m in means.items()},
-                  "censored": {n: search.censored(means[n]) for n, (search, _) in searched.items()}}
-    else:
-        means = {}
+    searched = search_all(plan.grids, lambda wanted: train_round(plan, wanted), EXTENSIONS[plan.tier])
+    means = {name: means for name, (_, means) in searched.items()}
+    record = {"tuned": {n: (ranked(m) + [None])[0] for n, m in means.items()},
+              "second": {n: (ranked(m) + [None, None])[1] for n, m in means.items()},
+              "censored": {n: search.censored(means[n]) for n, (search, _) in searched.items()}}
     seed_runs = plan.seed_runs(record["tuned"])
     second = record["second"].get(plan.baseline)
     robustness = plan.seed_runs({plan.baseline: second})[plan.baseline] if second else []
     rows = _common.finished_rows(plan.sweep(plan.tuning_runs + [r for rs in seed_runs.values() for r in rs]
                                             + robustness))
     write_json(os.path.join(plan.out, TUNED_FILE),
-               {"lrs": plan.lrs, "tune_seeds": plan.tune_seeds, **record,
+               {"lrs": sorted({lr for grid in plan.grids.values() for lr in grid}), "grids": plan.grids,
+                "tune_seeds": plan.tune_seeds, **record,
                 "means": {n: {f"{lr:g}": m for lr, m in sorted(ms.items())} for n, ms in means.items()}})
     return Outcome(means, record["tuned"], record["second"], record.get("censored") or {}, seed_runs,
                    robustness, rows)
@@ -234,7 +247,7 @@ def train_round(plan: Plan, wanted: dict) -> dict:
     return losses
 
 
-def write_results(args, plan: Plan, outcome: Outcome, tuned_from, started) -> None:
+def write_results(args, plan: Plan, outcome: Outcome, tuned_from: str, started) -> None:
     """report.md and the two plots."""
     sweep = plan.sweep([])
     rows = outcome.rows
@@ -248,27 +261,28 @@ def write_results(args, plan: Plan, outcome: Outcome, tuned_from, started) -> No
                                                                f"each configuration at its tuned LR")
     budget = {**_common.TIERS[plan.tier], **(EXP2_BUDGET if plan.tier == "default" else {})}
     tune = f"seeds {', '.join(map(str, plan.tune_seeds))}"
-    how = (f"LR searched from the grid {', '.join(f'{lr:g}' for lr in plan.lrs)} on tuning {tune} "
-           f"(half-decade steps beyond an edge while the best mean loss is there, at most "
-           f"{EXTENSIONS[plan.tier]} a side, then the quarter-decade points beside the best), then evaluation "
-           if plan.lrs else
-           f"LRs tuned at the *default tier's budget*, not this one ({tuned_from}/{TUNED_FILE}), then evaluation ")
-    initial = {name: initial_loss(sweep.out_dir(Run(lr_overrides(plan.lrs[0]), plan.tune_seeds[0], path)))
-               for name, path in plan.configs.items()} if plan.lrs else {}
+    grids = set(map(tuple, plan.grids.values()))
+    start = (f"the grid {', '.join(f'{lr:g}' for lr in next(iter(grids)))}" if len(grids) == 1 else
+             f"the three half-decade points around the LR the default tier tuned for each configuration "
+             f"({tuned_from}), at this tier's budget,")
+    how = (f"LR searched from {start} on tuning {tune} (half-decade steps beyond an edge while the best mean "
+           f"loss is there, at most {EXTENSIONS[plan.tier]} a side, then the quarter-decade points beside the "
+           f"best), then evaluation ")
+    initial = {name: initial_loss(sweep.out_dir(Run(lr_overrides(plan.grids[name][0]), plan.tune_seeds[0], path)))
+               for name, path in plan.configs.items()}
     trained = {config_name(r.config) for r in plan.tuning_runs if rows[r.name]["status"] == "finished"}
-    sensitivities = {n: sensitivity(plan.lrs, outcome.means[n], initial[n], n in trained) for n in outcome.means}
+    sensitivities = {n: sensitivity(plan.grids[n], outcome.means[n], initial[n], n in trained) for n in outcome.means}
     sections = [f"Tier `{plan.tier}`. Budget per run: {budget or 'train.py defaults'}; min_lr = lr/10; {how}"
                 f"{seeds} at each configuration's tuned LR, paired with {plan.baseline}. Losses are the final "
                 f"evaluation over the whole validation split. {verdict_rule(len(plan.configs) - 1, margin, args.margin)} "
                 f"{_common.training_time(rows.values())}.",
                 _common.table_marker("tuned") + tuned_table(plan, outcome, losses, runner_up, margin, sensitivities),
                 _common.references_section(refs), "![](norm_comparison.png)"]
-    if plan.lrs:
-        plot_lr_curves(outcome.means, refs, initial, os.path.join(plan.out, "lr_sensitivity.png"))
-        sections.insert(2, f"Final loss by learning rate, the mean over tuning {tune} (**bold**: the tuned LR, "
-                        "*italic*: the runner-up; diverged: a tuning seed diverged; blank: not tried):\n\n"
-                        + _common.table_marker("lr_grid") + lr_grid_table(outcome, initial))
-        sections.append("![](lr_sensitivity.png)")
+    plot_lr_curves(outcome.means, refs, initial, os.path.join(plan.out, "lr_sensitivity.png"))
+    sections.insert(2, f"Final loss by learning rate, the mean over tuning {tune} (**bold**: the tuned LR, "
+                    "*italic*: the runner-up; diverged: a tuning seed diverged; blank: not tried):\n\n"
+                    + _common.table_marker("lr_grid") + lr_grid_table(outcome, initial))
+    sections.append("![](lr_sensitivity.png)")
     _common.write_report(os.path.join(plan.out, "report.md"), "Normalization configurations compared",
                          _common.command_line(), "\n\n".join(sections), started)
 
@@ -304,23 +318,34 @@ def sensitivity(grid: list, means: dict, initial: float, trained: bool) -> float
     return lr_sensitivity({lr: means[lr] for lr in grid if lr in means}, initial)
 
 
-def read_record(path: str, configs: dict) -> dict:
-    """{"tuned": {name: LR}, "second": {name: runner-up LR}} from a default-tier output directory."""
-    record = read_json(os.path.join(path, TUNED_FILE))
-    if record is None:
-        raise BabyGPTError(f"no {TUNED_FILE} in '{path}'; run the default tier first "
-                           f"(python experiments/{NAME}.py with the same --configs) or pass --tuned_from DIR")
-    tuned = record.get("tuned") if isinstance(record.get("tuned"), dict) else {}
-    missing = [name for name in configs if not isinstance(tuned.get(name, ""), (int, float, type(None)))]
+def read_record(paths, configs) -> dict:
+    """{"tuned": {name: LR}, "second": {name: runner-up LR}} from default-tier output directories
+    (a path or a list; for each configuration, the first directory that tuned it)."""
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    records = []
+    for path in paths:
+        record = read_json(os.path.join(path, TUNED_FILE))
+        if record is None:
+            raise BabyGPTError(f"no {TUNED_FILE} in '{path}'; run the default tier first "
+                               f"(python experiments/{NAME}.py with the same --configs) or pass --tuned_from DIR")
+        records.append(tuple(record.get(key) if isinstance(record.get(key), dict) else {}
+                             for key in ("tuned", "second")))
+    tuned, second = {}, {}
+    for name in configs:
+        found = next(((t, s) for t, s in records if isinstance(t.get(name, ""), (int, float, type(None)))), None)
+        if found is not None:
+            tuned[name] = found[0][name]
+            if isinstance(found[1].get(name), (int, float)):
+                second[name] = found[1][name]
+    missing = [name for name in configs if name not in tuned]
     if missing:
-        raise BabyGPTError(f"{path}/{TUNED_FILE} has no tuned LR for {', '.join(missing)}; run the default tier "
-                           f"with these configurations first")
-    second = record.get("second") if isinstance(record.get("second"), dict) else {}
-    return {"tuned": {name: tuned[name] for name in configs},
-            "second": {name: second.get(name) for name in configs if isinstance(second.get(name), (int, float))}}
+        where = ", ".join(f"{p}/{TUNED_FILE}" for p in paths)
+        raise BabyGPTError(f"{where} has no tuned LR for {', '.join(missing)}; run the default tier with these "
+                           f"configurations first")
+    return {"tuned": tuned, "second": second}
 
 
-def read_tuned(path: str, configs: dict) -> dict:
+def read_tuned(path: str, configs) -> dict:
     """The tuned LR of each configuration from a default-tier output directory (None: all diverged)."""
     return read_record(path, configs)["tuned"]
 

@@ -324,7 +324,7 @@ def test_exp2_options_are_checked_together(monkeypatch):
     for fragment in ("--quick and --full are two tiers", "--baseline 'nope' is not among", "--seeds must be at least 2",
                      "--tune_seeds must be at least 2", "--margin takes a positive number",
                      "--lrs must be in (0, 1000]", "names a configuration twice",
-                     "--full has no LR grid", "config file 'other/prenorm_ln.py' not found"):
+                     "config file 'other/prenorm_ln.py' not found"):
         assert fragment in joined
 
 
@@ -407,10 +407,14 @@ def assert_collect_rewrites_the_same_tables(tmp_path, report, *args):
 
 
 @pytest.mark.slow
-def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr(data_dir, tmp_path):
+def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr(data_dir, tmp_path, monkeypatch):
     """Quick tier: the LR grid on tuning seeds 0-1, the quarter-decade point beside the best, each
     configuration's best mean, evaluation seeds 2-3 there (and the baseline at its runner-up), paired
-    with the baseline; then --full reads those tuned LRs and trains seeds 2-3 at each, without a grid."""
+    with the baseline; then --full tunes again at its own budget, from the three half-decade points
+    around each configuration's default-tier LR, and evaluates seeds 2-3 at what it finds."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp2_norm_comparison as exp2
+
     configs = "--configs=" + ",".join(os.path.join(ROOT, "config", c + ".py") for c in ("prenorm_rms", "postnorm_ln"))
     proc = run_script("experiments/exp2_norm_comparison.py", "--quick", "--out=res", f"--data_dir={data_dir}",
                       "--jobs=2", configs, cwd=tmp_path, timeout=300)
@@ -445,16 +449,21 @@ def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr
     assert_collect_rewrites_the_same_tables(tmp_path, report, f"--data_dir={data_dir}", configs)
 
     full = run_script("experiments/exp2_norm_comparison.py", "--full", "--out=full", "--tuned_from=res",
-                      f"--data_dir={data_dir}", "--jobs=2", configs,
+                      f"--data_dir={data_dir}", "--jobs=2", "--seeds=2", configs,
                       *[f"--set={a[2:]}" for a in BASE if not a.startswith("--eval_interval")],
                       "--set=max_iters=4", "--set=eval_interval=2", cwd=tmp_path, timeout=300)
     assert full.returncode == 0, full.stderr[-2000:]
     rows = read_csv(tmp_path / "full" / "results.csv")
-    assert sorted((r["name"].split("__")[0], float(r["cfg.learning_rate"]), r["seed"]) for r in rows) == sorted(
-        [(c, lr, s) for c, lr in record["tuned"].items() for s in ("2", "3")]
-        + [("prenorm_rms", record["second"]["prenorm_rms"], s) for s in ("2", "3")])
-    assert not (tmp_path / "full" / "lr_sensitivity.png").exists()
-    assert "tuned at the *default tier's budget*" in (tmp_path / "full" / "report.md").read_text()
+    full_record = json.loads((tmp_path / "full" / "tuned_lrs.json").read_text())
+    for config, lr in record["tuned"].items():
+        mine = [r for r in rows if r["name"].startswith(config + "__")]
+        tried = {float(r["cfg.learning_rate"]) for r in mine if r["seed"] in ("0", "1")}
+        assert full_record["grids"][config] == exp2.centered_grid(lr) and set(exp2.centered_grid(lr)) <= tried
+        evaluated = {(float(r["cfg.learning_rate"]), r["seed"]) for r in mine if r["seed"] in ("2", "3")}
+        assert {(full_record["tuned"][config], s) for s in ("2", "3")} <= evaluated
+    assert (tmp_path / "full" / "lr_sensitivity.png").exists()
+    assert "the three half-decade points around the LR the default tier tuned" in \
+        (tmp_path / "full" / "report.md").read_text()
     missing = run_script("experiments/exp2_norm_comparison.py", "--full", "--out=full2", "--tuned_from=nowhere",
                          f"--data_dir={data_dir}", cwd=tmp_path)
     assert missing.returncode == 2 and "run the default tier first" in missing.stderr
@@ -591,3 +600,18 @@ def test_fp16_overflow_stops_a_crossing_run_at_the_crossing_with_the_same_weight
     row = read_csv(tmp_path / "res" / "results.csv")[0]
     assert row["first_crossing"] == row["checkpoint_iter"] != "10" and row["same_as_long_run"] == "True"
     assert (tmp_path / "res" / "at_crossing" / "results.csv").exists()
+
+
+def test_full_tier_search_starts_around_the_default_tiers_lr_from_the_first_record_that_has_it(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp2_norm_comparison as exp2
+
+    assert exp2.centered_grid(0.0055) == [3e-3, 1e-2, 3e-2]  # a quarter-decade point: the nearer in log scale
+    assert exp2.centered_grid(1e-3) == [3e-4, 1e-3, 3e-3] and exp2.centered_grid(0.017) == [3e-3, 1e-2, 3e-2]
+    for name, tuned in (("a", {"x": 1e-3, "y": None}), ("b", {"x": 3e-2, "z": 3e-3})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tuned_lrs.json").write_text(json.dumps({"tuned": tuned, "second": {"x": 3e-3}}))
+    record = exp2.read_record([str(tmp_path / "a"), str(tmp_path / "b")], ["x", "y", "z"])
+    assert record == {"tuned": {"x": 1e-3, "y": None, "z": 3e-3}, "second": {"x": 3e-3}}
+    with pytest.raises(BabyGPTError, match="has no tuned LR for w"):
+        exp2.read_record([str(tmp_path / "a")], ["x", "w"])
