@@ -12,7 +12,10 @@ at the end of training, on the same batch (babygpt/diagnostics.py):
   angular_distance    arccos of the cosine between the block's input and output, over pi
   removal_loss_delta  how much the loss rises when the block is skipped
 
-    python experiments/exp10_depth.py [--quick] [--jobs N] [--seed 1] [--out DIR]
+    python experiments/exp10_depth.py [--quick] [--jobs N] [--seed 1] [--configs A,B] [--out DIR]
+
+--configs with --set runs a paper's own setup for some of them, e.g. LayerNorm Scaling without the
+depth-scaled init: --configs prenorm_rms,prenorm_rms_lns --set init_depth_factor=false.
 
 Writes results.csv, depth.png and report.md.
 """
@@ -42,13 +45,22 @@ NEAR_IDENTITY = 0.01  # nats: a block whose removal costs less than this is one 
 @dataclass
 class Exp10Options(_common.TrainingOptions):
     seed: int = option(1, "the seed of every run")
+    configs: str = option(",".join(CONFIGS), "comma-separated configurations to measure (names of config/*.py)")
+
+    def config_names(self) -> list[str]:
+        return self.configs.split(",")
+
+    def problems(self) -> list[str]:
+        missing = [c for c in self.config_names() if not os.path.exists(config_path(c))]
+        return super().problems() + [f"--configs: no config/{c}.py; name files in config/, e.g. prenorm_rms"
+                                     for c in missing]
 
 
-def depth_runs(tier: str, seed: int, max_iters: int) -> dict:
+def depth_runs(configs: list, tier: str, seed: int, max_iters: int) -> dict:
     """{(config, n_layer): Run}, each measured once, at its last iteration."""
     return {(config, depth): Run({"n_layer": depth, **lr_overrides(LR), "diag_interval": max_iters}, seed,
                                  config_path(config))
-            for config in CONFIGS for depth in DEPTHS[tier]}
+            for config in configs for depth in DEPTHS[tier]}
 
 
 def last_diagnostics(run: dict) -> dict:
@@ -76,10 +88,10 @@ def depth_table(runs: dict, loaded: dict, rows: dict) -> str:
                                    "angular distance per block", "loss increase when the block is skipped"], body)
 
 
-def plot(runs: dict, loaded: dict, depths: tuple, path: str) -> None:
+def plot(configs: list, loaded: dict, depths: tuple, path: str) -> None:
     fig, axes = new_figure(2, len(depths), figsize=(6 * len(depths), 7), squeeze=False)
     for col, depth in enumerate(depths):
-        for config in CONFIGS:
+        for config in configs:
             d = last_diagnostics(loaded[(config, depth)])
             for row, key in enumerate(("angular_distance", "removal_loss_delta")):
                 values = d.get(key) or []
@@ -95,10 +107,10 @@ def main(argv):
     exp = _common.begin(Exp10Options, argv, NAME, __doc__)
     args, tier = exp.args, exp.tier
     budget = exp.budget(SHAPE[tier])
-    runs = depth_runs(tier, args.seed, budget["max_iters"])
+    runs = depth_runs(args.config_names(), tier, args.seed, budget["max_iters"])
     sweep, rows = exp.train(list(runs.values()), SHAPE[tier])
     loaded = {key: load_run(sweep.out_dir(run)) for key, run in runs.items()}
-    plot(runs, loaded, DEPTHS[tier], os.path.join(exp.out, "depth.png"))
+    plot(args.config_names(), loaded, DEPTHS[tier], os.path.join(exp.out, "depth.png"))
     body = (f"{exp.budget_line(SHAPE[tier], leave_out=('n_layer',))}; lr {LR:g} for every run (not tuned per placement), min_lr lr/10; "
             f"seed {args.seed}; the diagnostics measured once, at the last iteration, on that step's batch. "
             f"{_common.training_time(rows.values())}.\n\n"
