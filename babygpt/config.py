@@ -101,6 +101,11 @@ class TrainConfig(Checked):
             problems.append(f"seed must be in [0, 2**32), got {self.seed}")
         if self.tensorboard and tracker.missing_problem():
             problems.append(tracker.missing_problem())
+        placement = self.model.placement_class
+        if placement is not None and placement.on_sphere and self.weight_decay != 0:
+            problems.append(f"norm_placement {self.model.norm_placement} renormalizes its matrices after every step, "
+                            f"which undoes weight decay on them (only the position embedding would decay; nGPT "
+                            f"trains without it); set weight_decay 0")
         floats = float_problems(self)  # every float key's own declared range
         return problems + (floats or self.float_pair_problems())  # the pairs are read once both are valid
 

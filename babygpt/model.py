@@ -48,7 +48,8 @@ class GPTConfig(Checked):
     norm_eps: float = option(1e-5, "epsilon inside every norm", valid=EPS_RANGE)
     final_norm: Optional[bool] = option(
         None, "norm before the LM head; none = as the placement declares it (off for post, deepnorm and admin, "
-              "whose last norm already normalizes the output; on for the others)")
+              "whose last norm already normalizes the output, and for ngpt, whose stream is on the sphere; on for "
+              "the others)")
     qk_norm: bool = option(False, "normalize queries and keys per head with norm_type before attention")
     qk_scale: str = option(
         "fixed", "what multiplies the attention logits once queries and keys are normalized (qk_norm, or "
@@ -127,21 +128,16 @@ class GPTConfig(Checked):
                             "depth scaling); leave init_depth_factor unset")
         # The norm options are fields here, checked above by the same declared ranges: each problem once.
         problems += [p for p in self.norm_options().problems() if p not in problems]
-        if self.qk_norm and self.norm_type in NORMS:
-            reason = qk_norm_refusal(self.norm_type)
-            if reason is not None:
-                problems.append(f"qk_norm cannot be used with norm_type {self.norm_type!r}: "
-                                f"{reason}; choose another norm_type or set qk_norm false")
         return problems + self.qk_problems() + self.sphere_problems() + self.identity_norm_problems()
 
     def sphere_problems(self) -> list[str]:
         """nGPT has no norm layers, no biases and no dropout, and does its own QK normalization."""
-        if self.norm_placement not in PLACEMENT_CLASSES or not PLACEMENT_CLASSES[self.norm_placement].on_sphere:
+        placement = self.placement_class
+        if placement is None or not placement.on_sphere:
             return []
         why = f"norm_placement {self.norm_placement} keeps the stream and the weights on the unit sphere"
-        placement = PLACEMENT_CLASSES[self.norm_placement]
-        asked = [(not placement.uses_norm_type and self.norm_type != "none", f"it has no norm layers, so norm_type {self.norm_type!r} would change "
-                                            f"nothing; set norm_type none"),
+        asked = [(not placement.uses_norm_type and self.norm_type != "none",
+                  f"it has no norm layers, so norm_type {self.norm_type!r} would change nothing; set norm_type none"),
                  (self.bias, "its matrices are normalized and it has no biases; set bias false"),
                  (self.dropout > 0, "it moves the stream towards each sublayer's normalized output, which "
                                     "dropout's rescaling has no meaning for; set dropout 0"),
@@ -152,15 +148,25 @@ class GPTConfig(Checked):
     def qk_problems(self) -> list[str]:
         """qk_scale needs normalized queries and keys; HybridNorm normalizes them already."""
         problems = []
-        own = self.norm_placement in PLACEMENT_CLASSES and PLACEMENT_CLASSES[self.norm_placement].normalizes_qkv
+        own = self.placement_class is not None and self.placement_class.normalizes_qkv
         if self.qk_norm and own:
             problems.append(f"norm_placement {self.norm_placement} already normalizes queries, keys and values; "
                             f"set qk_norm false")
+        reason = qk_norm_refusal(self.norm_type) if (self.qk_norm or own) and self.norm_type in NORMS else None
+        if reason is not None:  # HybridNorm's q, k and v norms are norm_type's, like qk_norm's
+            who = "qk_norm" if self.qk_norm else f"norm_placement {self.norm_placement} (it normalizes q, k and v)"
+            problems.append(f"{who} cannot be used with norm_type {self.norm_type!r}: {reason}; choose another "
+                            f"norm_type" + (" or set qk_norm false" if self.qk_norm else ""))
         if self.qk_scale not in QK_SCALES:
             problems.append(unknown_choice("qk_scale", self.qk_scale, QK_SCALES))
         elif self.qk_scale != "fixed" and not (self.qk_norm or own):
             problems.append(f"qk_scale {self.qk_scale} multiplies the cosine of normalized queries and keys; set "
                             f"qk_norm true (or use norm_placement hybrid), or qk_scale fixed")
+        elif (self.qk_scale != "fixed" and reason is None and self.norm_type in NORMS
+              and not norm_class(NORMS[self.norm_type]).fixes_vector_size):
+            problems.append(f"qk_scale {self.qk_scale} multiplies the cosine of queries and keys, but norm_type "
+                            f"{self.norm_type!r} does not give each vector one size, so their product is no cosine; "
+                            f"use norm_type rmsnorm or layernorm, or qk_scale fixed")
         elif (self.qk_scale == "learned" and isinstance(self.block_size, int) and not isinstance(self.block_size, bool)
               and self.block_size < 2):
             problems.append(f"qk_scale learned starts at log2(T^2 - T), which needs block_size >= 2, got "
@@ -187,9 +193,14 @@ class GPTConfig(Checked):
         return math.floor(self.mixln_alpha * self.n_layer + 1e-9)
 
     @property
+    def placement_class(self):
+        """The Placement class norm_placement names (None for an unknown name, which problems reports)."""
+        return PLACEMENT_CLASSES.get(self.norm_placement)
+
+    @property
     def use_final_norm(self) -> bool:
         if self.final_norm is None:
-            return PLACEMENT_CLASSES[self.norm_placement].final_norm
+            return self.placement_class.final_norm
         return self.final_norm
 
 
@@ -275,10 +286,11 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, cfg: GPTConfig, normalize_values: bool = False, on_sphere: bool = False):
         super().__init__()
         self.n_head = cfg.n_head
+        self.head_size = cfg.n_embd // cfg.n_head  # D
         self.dropout = cfg.dropout
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)  # writes into the residual stream
-        head_size = cfg.n_embd // cfg.n_head
+        head_size = self.head_size
         self.qk_norm = cfg.qk_norm or normalize_values
         if self.qk_norm:
             self.q_norm = make_norm(cfg, head_size)  # over D
@@ -313,7 +325,7 @@ class MultiHeadAttention(nn.Module):
         """What the attention kernel multiplies q.k by: 1 where the queries carry it (qk_scale),
         sqrt(D) for nGPT, else None, the kernel's own 1/sqrt(D)."""
         if self.sqk is not None:
-            return math.sqrt(self.sqk.weight.shape[0] // self.n_head)
+            return math.sqrt(self.head_size)
         return 1.0 if self.qk_scale is not None else None
 
     def attention_logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -482,7 +494,7 @@ class GPT(nn.Module):
         """Let placements that set their init from a forward pass (Admin's omega) do it, on token ids
         idx (B, T), in eval mode (no dropout, no random numbers drawn); True if one did. A run from
         scratch calls this once before training."""
-        if not any(hasattr(b, "omega_attn") for b in self.blocks):
+        if not any(b.placement.profiles for b in self.blocks):
             return False
         was_training = self.training
         self.eval()

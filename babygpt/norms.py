@@ -16,7 +16,7 @@ The contract
   its fields (``LayerNorm(64, eps=1e-6)``), and a misspelt override is a TypeError. A class
   reads only the options it has a use for.
 - What a norm *does*, as far as the rest of the code needs to know, is declared by the
-  class attributes of ``Norm`` (``mixes_positions``, ``is_identity``), which a class
+  class attributes of ``Norm`` (``mixes_positions``, ``is_identity``, ``fixes_vector_size``), which a class
   overrides where it differs. Nothing reads behaviour from a norm's registry name:
   ``qk_norm_refusal`` and the tests ask the class, through ``norm_class``.
 - ``NORMS`` maps each valid ``norm_type`` to a class, or to a ``functools.partial`` of one
@@ -92,6 +92,9 @@ class Norm(nn.Module):
     mixes_positions = False
     # The output is the input, unchanged (NoNorm): as a query/key norm it would do nothing.
     is_identity = False
+    # Every output vector has one size, set by the gain alone (LayerNorm, RMSNorm, ScaleNorm): the dot
+    # product of two normalized vectors is then a scaled cosine, which qk_scale learned/per_head assume.
+    fixes_vector_size = False
     # The output flattens out for large inputs (DyT's tanh). Such a class defines ``squash_input(x)``,
     # what goes into its squashing function, and ``saturation``, the size of that input from which on
     # the curve counts as flat; the diagnostics measure both.
@@ -131,6 +134,8 @@ class LayerNorm(Norm):
     is 6-12x faster forward+backward on CPU at widths 128-4096 (experiments/exp5_norm_speed.py).
     """
 
+    fixes_vector_size = True
+
     def __init__(self, dim: int, options: NormOptions = NormOptions(), **overrides):
         super().__init__()
         options = options.with_overrides(overrides)
@@ -163,6 +168,8 @@ class RMSNorm(Norm):
     what makes LayerNorm work. ``weight`` starts at 1.
     """
 
+    fixes_vector_size = True
+
     def __init__(self, dim: int, options: NormOptions = NormOptions(), **overrides):
         super().__init__()
         self.eps = options.with_overrides(overrides).eps  # no bias by definition, whatever options.bias says
@@ -186,6 +193,8 @@ class RMSNormNoParam(Norm):
     It has no parameters at all.
     """
 
+    fixes_vector_size = True
+
     def __init__(self, dim: int, options: NormOptions = NormOptions(), **overrides):
         super().__init__()
         self.eps = options.with_overrides(overrides).eps  # nothing learnable, so dim is not needed
@@ -208,6 +217,8 @@ class ScaleNorm(Norm):
     ``eps`` is a floor on the norm (the paper clamps it the same way), not a term
     added under a square root.
     """
+
+    fixes_vector_size = True
 
     def __init__(self, dim: int, options: NormOptions = NormOptions(), **overrides):
         super().__init__()

@@ -40,10 +40,13 @@ class Gate(nn.Module):
     ReZero (Bachlechner et al. 2020, arXiv:2003.04887; code majumderb/rezero,
     rezero/transformer/rztx.py ``resweight``): a scalar starting at 0, so every block starts as the
     identity and no norm is needed. SkipInit (De & Smith 2020, arXiv:2002.10444): the same, one
-    scalar per residual branch. LayerScale (Touvron et al. 2021, CaiT, arXiv:2103.17239; code
-    facebookresearch/deit cait_models.py ``LayerScale_Block``, gamma_1 and gamma_2): a per-channel
-    vector starting at a small epsilon. Admin's omega (Liu et al. 2020) is a per-channel vector on
-    the stream. Being 0-d or 1-d, all stay out of weight decay, as in the authors' code."""
+    scalar per residual branch; the paper released no code (the same authors' NF-ResNets,
+    deepmind/deepmind-research nfnets, start their ``skip_gain`` at 0 the same way). LayerScale
+    (Touvron et al. 2021, CaiT, arXiv:2103.17239; code facebookresearch/deit cait_models.py
+    ``LayerScale_Block``, gamma_1 and gamma_2): a per-channel vector starting at a small epsilon.
+    Admin's omega (Liu et al. 2020) is a per-channel vector on the stream. Being 0-d or 1-d, all
+    stay out of weight decay (``GPT.configure_optimizers``). That is where Admin differs from its
+    code, whose fairseq runs decay every parameter (``--weight-decay 0.0001``)."""
 
     def __init__(self, shape: tuple[int, ...], init: float):
         super().__init__()
@@ -95,6 +98,7 @@ class Placement:
     normalizes_qkv: ClassVar[bool] = False  # does attention normalize q, k and v itself (HybridNorm)
     on_sphere: ClassVar[bool] = False  # is the stream kept on the unit sphere (nGPT): see NGPT
     uses_norm_type: ClassVar[bool] = True  # does it build norm layers of norm_type (nGPT has none)
+    profiles: ClassVar[bool] = False  # does it set its init from a forward pass (Admin's omega): see profile
 
     def for_block(self, cfg, index: int) -> "Placement":
         """The placement block ``index`` (0 first) gets; itself unless it varies with depth."""
@@ -225,6 +229,7 @@ class Admin(PostLN):
     """
 
     name = "admin"
+    profiles = True
 
     def build(self, block, cfg, index):
         super().build(block, cfg, index)
@@ -237,7 +242,7 @@ class Admin(PostLN):
 
     def profile(self, block, x, omega):
         with torch.no_grad():
-            for gate, f, norm in ((block.omega_attn, lambda h: block.sa(h), block.ln1),
+            for gate, f, norm in ((block.omega_attn, block.sa, block.ln1),
                                   (block.omega_ffwd, block.ffwd, block.ln2)):
                 gate.weight.fill_(omega)
                 fx = block.drop(f(x))
@@ -337,8 +342,9 @@ class HybridNorm(Placement):
 
 
 class HybridNormStar(HybridNorm):
-    """HybridNorm* (Zhuo et al. 2025, §3; the code's ``norm_pos_special_config`` =
-    {0: {'attn_norm': True, 'ffn_residual': False}}): HybridNorm, except that block 0 is Pre-LN on
+    """HybridNorm* (Zhuo et al. 2025, §3; in the code, the model option ``norm_pos_special_config``
+    = {0: {'attn_norm': True, 'ffn_residual': False}}; the released YAML configs do not set it):
+    HybridNorm, except that block 0 is Pre-LN on
     both sublayers (its attention still normalizes q, k and v), since the embeddings reach it
     un-normalized (``HybridNormFirst``)."""
 

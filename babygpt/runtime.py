@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
+import platform
 import time
 
 import torch
@@ -35,8 +37,6 @@ def resolve_device(name: str) -> torch.device:
 def cpu_name() -> str:
     """The CPU model, and whether it has AVX-512 bf16 instructions (they decide whether bfloat16
     is fast or emulated on a CPU); the architecture alone where /proc/cpuinfo is not readable."""
-    import platform
-
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             info = f.read()
@@ -51,8 +51,6 @@ def cpu_name() -> str:
 def machine(device: torch.device) -> dict:
     """What a run was measured on, for its summary.json: losses agree across machines to the printed
     digit, times do not, so a time means nothing without the CPU (or GPU), the threads and torch."""
-    import os
-
     record = {"cpu": cpu_name(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
               "torch": torch.__version__, "device": device.type}
     if device.type == "cuda":

@@ -16,6 +16,8 @@ sys.path.insert(0, ROOT)
 from babygpt.cli import run  # noqa: E402
 from babygpt.errors import BabyGPTError, Interrupted, ShardDone, unknown_choice  # noqa: E402
 from babygpt.model import PLACEMENTS  # noqa: E402
+from babygpt.placements import PLACEMENTS as PLACEMENT_CLASSES  # noqa: E402
+from babygpt.runtime import cpu_name  # noqa: E402
 from babygpt.options import option, parse_into  # noqa: E402
 from babygpt.data import load_dataset  # noqa: E402
 from babygpt.files import write_atomic  # noqa: E402
@@ -92,8 +94,15 @@ def placements_option():
 
 
 def placement_problems(text: str) -> list[str]:
-    bad = [pl for pl in text.split(",") if pl not in PLACEMENTS]
-    return [unknown_choice("placement", bad[0], PLACEMENTS)] if bad else []
+    """The --placements problems of the experiments that place one norm_type's norms: an unknown
+    name, or a placement that builds no norm layers (nGPT), which those comparisons cannot hold."""
+    names = text.split(",")
+    bad = [pl for pl in names if pl not in PLACEMENTS]
+    if bad:
+        return [unknown_choice("placement", bad[0], PLACEMENTS)]
+    return [f"placement {pl} builds no norm layers, so it has no place in a comparison of where a norm goes; "
+            f"compare it through experiments/exp2_norm_comparison.py --configs config/ngpt.py,..."
+            for pl in names if not PLACEMENT_CLASSES[pl].uses_norm_type]
 
 
 # Options that change where or how fast results are made, not what they are.
@@ -238,12 +247,6 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def cpu_name() -> str:
-    from babygpt.runtime import cpu_name as name
-
-    return name()
 
 
 def write_report(path: str, title: str, command: str, body: str, started: float) -> None:

@@ -111,10 +111,8 @@ def search(exp, points) -> tuple[dict, dict]:
     extra = base_budget(exp.tier)
     trained = [r for p in points for r in p.runs(p.lrs).values()]
     exp.claim(exp.sweep(trained, extra))  # checked and claimed once, before anything trains
-    rows: dict = {}
 
     def train_round(wanted: dict) -> dict:
-        nonlocal rows
         trained.extend(r for name, lrs in wanted.items() for r in by_label[name].runs(lrs).values()
                        if r not in trained)
         rows = _common.finished_rows(exp.sweep(trained, extra), last=False)

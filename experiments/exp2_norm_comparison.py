@@ -271,11 +271,17 @@ def write_results(args, plan: Plan, outcome: Outcome, tuned_from: str, started) 
     initial = {name: initial_loss(sweep.out_dir(Run(lr_overrides(plan.grids[name][0]), plan.tune_seeds[0], path)))
                for name, path in plan.configs.items()}
     trained = {config_name(r.config) for r in plan.tuning_runs if rows[r.name]["status"] == "finished"}
-    sensitivities = {n: sensitivity(plan.grids[n], outcome.means[n], initial[n], n in trained) for n in outcome.means}
+    # Wortsman's sensitivity compares configurations only over one grid: --full centres each one's
+    # grid on its own default-tier LR, so there the column is left out (the default tier's has it).
+    common_grid = len({tuple(g) for g in plan.grids.values()}) == 1
+    sensitivities = ({n: sensitivity(plan.grids[n], outcome.means[n], initial[n], n in trained)
+                      for n in outcome.means} if common_grid else {})
     sections = [f"Tier `{plan.tier}`. Budget per run: {budget or 'train.py defaults'}; min_lr = lr/10; {how}"
                 f"{seeds} at each configuration's tuned LR, paired with {plan.baseline}. Losses are the final "
                 f"evaluation over the whole validation split. {verdict_rule(len(plan.configs) - 1, margin, args.margin)} "
-                f"{_common.training_time(rows.values())}.",
+                f"{_common.training_time(rows.values())}."
+                + ("" if common_grid else " Each configuration searched its own grid, so the LR sensitivity "
+                   "(which compares configurations over one grid) is left out: see the default tier's."),
                 _common.table_marker("tuned") + tuned_table(plan, outcome, losses, runner_up, margin, sensitivities),
                 _common.references_section(refs), "![](norm_comparison.png)"]
     plot_lr_curves(outcome.means, refs, initial, os.path.join(plan.out, "lr_sensitivity.png"))
@@ -366,7 +372,7 @@ def tuned_table(plan: Plan, outcome: Outcome, losses: dict, runner_up: list, mar
     for name in plan.configs:
         rs = [outcome.rows[r.name] for r in outcome.seed_runs[name]]
         c = verdicts.get(name)
-        sens = sensitivities.get(name)  # absent: no search (--full); None: no LR trained
+        sens = sensitivities.get(name)  # absent: grids differ (--full); None: no LR trained
         tuned = outcome.tuned[name]
         table.append([name, f"{rs[0]['num_params']:,}" if rs and rs[0]["num_params"] else "—",
                       (f"{tuned:g}" + (" (edge)" if outcome.censored.get(name) else "")) if tuned

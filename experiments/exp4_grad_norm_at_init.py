@@ -51,10 +51,15 @@ class Shape:
 SHAPES = {"quick": Shape(32, 4, 8, 16), "default": Shape(128, 32, 32, 64)}
 
 
-def model_at_init(placement: str, init: str, n_layer: int, shape: Shape, vocab: int, seed: int = 0) -> GPT:
+def model_at_init(placement: str, init: str, n_layer: int, shape: Shape, vocab: int, profile_idx: torch.Tensor,
+                  seed: int = 0) -> GPT:
+    """The model as training starts: built, then profiled on ``profile_idx`` (B, T) where its placement
+    sets its init from a forward pass (Admin's omega), as a run from scratch is."""
     torch.manual_seed(seed)
-    return GPT(GPTConfig(vocab_size=vocab, block_size=shape.block_size, n_layer=n_layer, n_head=4,
-                         n_embd=shape.width, norm_type="layernorm", norm_placement=placement, init=init))
+    model = GPT(GPTConfig(vocab_size=vocab, block_size=shape.block_size, n_layer=n_layer, n_head=4,
+                          n_embd=shape.width, norm_type="layernorm", norm_placement=placement, init=init))
+    model.profile_init(profile_idx)
+    return model
 
 
 def ffn_grad_norms(model: GPT, data, shape: Shape) -> list[float]:
@@ -166,7 +171,7 @@ def main(argv):
     for init in inits:
         for pl in placements:
             for d in depths:
-                model = model_at_init(pl, init, d, shape, tok.vocab_size)
+                model = model_at_init(pl, init, d, shape, tok.vocab_size, probe_idx)
                 norms[init, pl, d] = ffn_grad_norms(model, train, shape)
                 change[init, pl, d] = output_change(model, probe_idx)  # forward only: the gradients are unused
 

@@ -301,13 +301,20 @@ def test_loglog_slope_and_output_change(monkeypatch):
 
     depths = [2, 4, 8, 16]
     assert exp4.loglog_slope(depths, [3 * d ** -0.5 for d in depths]) == pytest.approx(-0.5)
-    model = exp4.model_at_init("post", "xavier", 2, exp4.SHAPES["quick"], vocab=29)
     idx = torch.randint(29, (2, 16))
+    model = exp4.model_at_init("post", "xavier", 2, exp4.SHAPES["quick"], 29, idx)
     before = [p.clone() for p in model.parameters()]
     assert exp4.output_change(model, idx, lr=0.0) == 0.0
     small, large = exp4.output_change(model, idx, lr=1e-4), exp4.output_change(model, idx, lr=1e-2)
     assert 0 < small < large
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # weights restored
+
+    # Admin is measured as a run from scratch starts: its omega profiled (1 only where profiling starts)
+    admin = exp4.model_at_init("admin", "xavier", 2, exp4.SHAPES["quick"], 29, idx)
+    assert torch.all(admin.blocks[0].omega_attn.weight == 1)
+    assert torch.all(admin.blocks[0].omega_ffwd.weight > 1)
+    assert exp4._common.placement_problems("pre,admin") == []
+    assert "builds no norm layers" in exp4._common.placement_problems("pre,ngpt")[0]
 
 
 def test_exp2_options_are_checked_together(monkeypatch):
@@ -462,8 +469,12 @@ def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr
         evaluated = {(float(r["cfg.learning_rate"]), r["seed"]) for r in mine if r["seed"] in ("2", "3")}
         assert {(full_record["tuned"][config], s) for s in ("2", "3")} <= evaluated
     assert (tmp_path / "full" / "lr_sensitivity.png").exists()
-    assert "the three half-decade points around the LR the default tier tuned" in \
-        (tmp_path / "full" / "report.md").read_text()
+    full_report = (tmp_path / "full" / "report.md").read_text()
+    assert "the three half-decade points around the LR the default tier tuned" in full_report
+    # The sensitivity compares configurations over one grid; the column is empty where grids differ.
+    own_grids = len({tuple(g) for g in full_record["grids"].values()}) > 1
+    assert ("the LR sensitivity (which compares configurations over one grid) is left out" in full_report) == own_grids
+    assert all((row[4] == "—") == own_grids for row in report_rows(full_report, "tuned")[1:])
     missing = run_script("experiments/exp2_norm_comparison.py", "--full", "--out=full2", "--tuned_from=nowhere",
                          f"--data_dir={data_dir}", cwd=tmp_path)
     assert missing.returncode == 2 and "run the default tier first" in missing.stderr

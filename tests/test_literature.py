@@ -90,6 +90,21 @@ def test_hybrid_refuses_qk_norm_it_already_has(placement):
         tiny_config(norm_placement=placement, qk_norm=True)
 
 
+@pytest.mark.parametrize("norm_type,reason", [("batchnorm", "see later positions"), ("none", "would be the identity")])
+def test_hybrid_refuses_a_norm_type_qk_norm_refuses(norm_type, reason):
+    # HybridNorm's q, k and v norms are norm_type's: the same causality and identity rules as qk_norm's
+    with pytest.raises(BabyGPTError, match=f"norm_placement hybrid .*norm_type '{norm_type}': .*{reason}"):
+        tiny_config(norm_placement="hybrid", norm_type=norm_type)
+
+
+@pytest.mark.parametrize("overrides", [dict(qk_norm=True), dict(norm_placement="hybrid")])
+def test_a_learned_qk_scale_needs_a_norm_that_fixes_each_vectors_size(overrides):
+    # DyT squashes each entry but leaves each vector's size free: q.k is then no cosine
+    with pytest.raises(BabyGPTError, match="qk_scale learned multiplies the cosine .* norm_type 'dyt' does not give"):
+        tiny_config(norm_type="dyt", qk_scale="learned", **overrides)
+    tiny_config(norm_type="layernorm", qk_scale="learned", **overrides)  # LayerNorm does
+
+
 # ------------------------------------------------------------------ Admin
 
 
@@ -371,6 +386,14 @@ def test_ngpt_refuses_what_it_does_not_have(overrides, message):
     values = dict(norm_placement="ngpt", norm_type="none", bias=False)
     with pytest.raises(BabyGPTError, match=message):
         tiny_config(**{**values, **overrides})
+
+
+def test_ngpt_refuses_weight_decay_its_renormalization_would_undo():
+    from babygpt.config import load_config
+
+    with pytest.raises(BabyGPTError, match="norm_placement ngpt renormalizes its matrices .* set weight_decay 0"):
+        load_config(["--norm_placement=ngpt", "--norm_type=none", "--bias=false", "--weight_decay=0.1"])
+    assert load_config([os.path.join(ROOT, "config", "ngpt.py")]).weight_decay == 0
 
 
 def test_ngpt_trains_and_its_config_file_builds_it(data_dir, tmp_path):
