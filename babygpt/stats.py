@@ -1,5 +1,5 @@
 """The statistics of comparing configurations (GUIDE §6): t-intervals over seeds, paired
-differences, and Wortsman et al.'s LR sensitivity.
+differences, Wortsman et al.'s LR sensitivity, and Kendall's tau between two rankings.
 
 Seeds are the unit of replication: a configuration's runs differ only in ``seed`` (its init and
 its data order), and two configurations run with the same seeds are *paired*, which removes the
@@ -8,6 +8,7 @@ part of the seed-to-seed spread they share.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from dataclasses import dataclass
@@ -175,3 +176,39 @@ def holm_levels(p_values: list[float], alpha: float = 0.05) -> list[float]:
     for rank, i in enumerate(order):
         levels[i] = 1 - alpha / (k - rank)
     return levels
+
+
+# ---------------------------------------------------------------- agreement between two rankings
+
+def kendall_tau(xs: list[float], ys: list[float]) -> float:
+    """Kendall's tau-b between two scorings of the same items: (concordant - discordant pairs) over
+    sqrt((pairs - ties in x) (pairs - ties in y)); 1 is the same order, -1 the reverse. Ties count
+    as neither (tau-b), so two configurations tied in one tier neither agree nor disagree."""
+    if len(xs) != len(ys) or len(xs) < 2:
+        raise ValueError(f"Kendall's tau needs two scorings of the same >= 2 items, got {len(xs)} and {len(ys)}")
+    concordant = discordant = tied_x = tied_y = 0
+    for i in range(len(xs)):
+        for j in range(i + 1, len(xs)):
+            dx, dy = xs[i] - xs[j], ys[i] - ys[j]
+            tied_x += dx == 0
+            tied_y += dy == 0
+            s = dx * dy
+            concordant += s > 0
+            discordant += s < 0
+    pairs = len(xs) * (len(xs) - 1) // 2
+    denominator = math.sqrt((pairs - tied_x) * (pairs - tied_y))
+    return (concordant - discordant) / denominator if denominator else math.nan
+
+
+def kendall_p(xs: list[float], ys: list[float]) -> float:
+    """Two-sided exact permutation p-value of Kendall's tau: the share of the n! orders of ``ys``
+    whose |tau| is at least the observed one. Exact, so for the few configurations a table holds
+    (n <= 9: at most 362,880 orders); refused beyond that."""
+    if len(xs) > 9:
+        raise ValueError(f"the exact permutation test enumerates n! orders; n = {len(xs)} is too many (n <= 9)")
+    observed = abs(kendall_tau(xs, ys))
+    if math.isnan(observed):
+        return math.nan
+    orders = list(itertools.permutations(ys))
+    # a small tolerance, so that an order with the same |tau| up to rounding counts as reaching it
+    return sum(abs(kendall_tau(xs, list(o))) >= observed - 1e-12 for o in orders) / len(orders)

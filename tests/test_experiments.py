@@ -14,7 +14,7 @@ from babygpt.errors import BabyGPTError
 from babygpt.plot import diverged_at, load_run
 from babygpt.state import COMPLETED
 from babygpt.sweep import DONE, Run, Sweep, grid
-from conftest import ROOT, TINY_TRAIN_ARGS, prepare_small_data, run_script
+from conftest import ROOT, TINY_TRAIN_ARGS, assert_user_error, prepare_small_data, run_script
 
 BASE = [a for a in TINY_TRAIN_ARGS if not a.startswith("--device")]
 
@@ -230,6 +230,43 @@ def test_frontier_keeps_the_points_no_cheaper_one_beats_and_extrapolates_to_the_
     flat = [point(1, 2.0), point(10, 2.0 - 1e-9)]
     assert exp11.trend(exp11.pareto(flat), 1.5)[2] == math.inf  # falls, too slowly to ever get there
     assert exp11.trend([point(1, 1.9), point(10, 1.8)], 1.9)[2] == pytest.approx(1.0)
+
+
+def tier_report(directory, rows: list[tuple]) -> None:
+    """A report shaped as experiment 2 writes it: its tuned table, one (configuration, mean, verdict) per row."""
+    os.makedirs(directory)
+    lines = ["# Normalization configurations compared", "", "<!-- table: tuned -->",
+             "| configuration | tuned LR | val loss, mean ± 95% CI | verdict |", "|---|---|---|---|"]
+    lines += [f"| {c} | 0.001 | {loss} ± 0.010 | {verdict} |" for c, loss, verdict in rows]
+    with open(os.path.join(directory, "report.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def test_proxy_ranks_the_shared_configurations_and_marks_verdicts_that_flip(tmp_path):
+    tier_report(tmp_path / "short", [("base", 2.10, "—"), ("a", 2.20, "worse"), ("b", 2.05, "better"),
+                                     ("c", 2.12, "inconclusive (3 pairs)"), ("only_short", 2.0, "better")])
+    tier_report(tmp_path / "long", [("base", 1.60, "—"), ("a", 1.58, "inconclusive"), ("b", 1.55, "better"),
+                                    ("c", 1.62, "inconclusive")])
+    proc = run_script("experiments/exp12_proxy.py", "--tiers=short,long", "--out=proxy", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    report = (tmp_path / "proxy" / "report.md").read_text()
+    # short order b < base < c < a, long order b < a < base < c: pairs (a,base) and (a,c) swap -> (4 - 2) / 6
+    tau = report_rows(report, "tau")
+    assert tau[1][:4] == ["short", "long", "4", "+0.333"]
+    assert float(tau[1][4]) == pytest.approx(18 / 24)
+    ranking = {row[0]: row for row in report_rows(report, "ranking")[1:]}
+    assert set(ranking) == {"base", "a", "b", "c"}  # only_short is not in both tiers
+    assert ranking["a"][1:] == ["4 (2.200) worse", "2 (1.580) inconclusive", "yes"]
+    assert ranking["c"][3] == "no" and ranking["base"][1] == "2 (2.100) baseline"
+    # a tier joined from two reports of one budget: the first report that holds a configuration wins
+    tier_report(tmp_path / "more", [("a", 9.0, "worse"), ("d", 2.3, "worse")])
+    joined = run_script("experiments/exp12_proxy.py", "--tiers=short+more,long", "--out=joined", cwd=tmp_path)
+    assert joined.returncode == 0, joined.stderr
+    rows = {row[0]: row for row in report_rows((tmp_path / "joined" / "report.md").read_text(), "ranking")[1:]}
+    assert rows["a"][1] == "4 (2.200) worse" and "d" not in rows
+    missing = run_script("experiments/exp12_proxy.py", "--tiers=short,nowhere", "--out=p2", cwd=tmp_path)
+    assert_user_error(missing.stderr, missing.returncode, "nowhere/report.md not found")
+    assert not (tmp_path / "p2").exists()
 
 
 def test_stability_map_cells_and_largest_stable_lr(monkeypatch):

@@ -5,7 +5,8 @@ import statistics
 
 import pytest
 
-from babygpt.stats import (T_975, excludes_zero, lr_sensitivity, mean_ci, paired_difference, t_quantile)
+from babygpt.stats import (T_975, excludes_zero, kendall_p, kendall_tau, lr_sensitivity, mean_ci, paired_difference,
+                           t_quantile)
 
 
 def test_t_quantile_table_and_expansion_agree_where_they_meet():
@@ -152,3 +153,24 @@ def test_a_difference_too_small_to_matter_is_still_reported_when_measured():
     c = compare_table({"base": base, "tiny": tiny}, "base", margin=0.05)["tiny"]
     assert c.p_equivalence <= 0.05 and c.call() == "worse"  # measured, and smaller than the margin
     assert c.adjusted().endswith("(95%)") and c.delta().startswith("+0.002")
+
+
+@pytest.mark.parametrize("ys,tau,p", [
+    ([1, 2, 3, 4], 1.0, 2 / 24),      # the same order: only it and the reverse reach |tau| = 1
+    ([4, 3, 2, 1], -1.0, 2 / 24),
+    ([1, 3, 2, 4], 4 / 6, 8 / 24),    # one discordant pair of six; orders with 0, 1, 5 or 6 inversions: 1+3+3+1
+    ([2, 1, 4, 3], 2 / 6, 18 / 24),   # two discordant pairs: |tau| >= 1/3 unless 3 inversions (6 of 24 orders)
+])
+def test_kendall_tau_and_its_exact_p_against_counted_inversions(ys, tau, p):
+    assert kendall_tau([1, 2, 3, 4], ys) == pytest.approx(tau)
+    assert kendall_p([1, 2, 3, 4], ys) == pytest.approx(p)
+
+
+def test_kendall_tau_b_leaves_ties_out_of_both_counts():
+    # pairs (1,2) tied in y; (1,3), (2,3) concordant: tau-b = 2 / sqrt(3 * 2)
+    assert kendall_tau([1, 2, 3], [1, 1, 2]) == pytest.approx(2 / math.sqrt(6))
+    assert math.isnan(kendall_tau([1, 2], [5, 5]))  # no untied pair: no order to agree with
+    with pytest.raises(ValueError, match="two scorings of the same >= 2 items"):
+        kendall_tau([1, 2], [1])
+    with pytest.raises(ValueError, match="n = 10 is too many"):
+        kendall_p(list(range(10)), list(range(10)))
