@@ -51,7 +51,7 @@ class Exp10Options(_common.TrainingOptions):
         return self.configs.split(",")
 
     def problems(self) -> list[str]:
-        missing = [c for c in self.config_names() if not os.path.exists(config_path(c))]
+        missing = [c for c in self.config_names() if c and not os.path.exists(config_path(c))]  # "": parse's
         return super().problems() + [f"--configs: no config/{c}.py; name files in config/, e.g. prenorm_rms"
                                      for c in missing]
 

@@ -47,9 +47,12 @@ class Exp12Options(_common.Options):
 
     def problems(self) -> list[str]:
         dirs = self.tier_dirs()
-        problems = [] if len(dirs) >= 2 else [f"--tiers needs at least two report directories, got {self.tiers!r}"]
-        return problems + [f"--tiers: {d}/report.md not found; run experiment 2 into {d} first"
-                           for tier in dirs for d in tier.split("+") if not os.path.exists(os.path.join(d, "report.md"))]
+        return [] if len(dirs) >= 2 else [f"--tiers needs at least two report directories, got {self.tiers!r}"]
+
+    def missing_reports(self) -> list[str]:
+        """The reports --tiers names that are not there (checked before anything is written)."""
+        return [f"--tiers: {d}/report.md not found; run experiment 2 into {d} first"
+                for tier in self.tier_dirs() for d in tier.split("+") if not os.path.exists(os.path.join(d, "report.md"))]
 
 
 def read_tier(spec: str) -> dict:
@@ -86,6 +89,8 @@ def verdict_word(verdict: str) -> str:
 def main(argv):
     exp = _common.begin(Exp12Options, argv, NAME, __doc__)
     dirs = exp.args.tier_dirs()
+    if exp.args.missing_reports():
+        raise BabyGPTError(*exp.args.missing_reports())
     tiers = {d: read_tier(d) for d in dirs}
     shared = [c for c in tiers[dirs[0]] if all(c in t for t in tiers.values())]
     if len(shared) < 2:
