@@ -242,13 +242,18 @@ def tier_report(directory, rows: list[tuple]) -> None:
         f.write("\n".join(lines) + "\n")
 
 
-def test_proxy_ranks_the_shared_configurations_and_marks_verdicts_that_flip(tmp_path):
+def test_proxy_ranks_the_shared_configurations_and_marks_verdicts_that_flip(tmp_path, monkeypatch, capsys):
+    from babygpt import cli
+
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    monkeypatch.chdir(tmp_path)
+    import exp12_proxy as exp12
+
     tier_report(tmp_path / "short", [("base", 2.10, "—"), ("a", 2.20, "worse"), ("b", 2.05, "better"),
                                      ("c", 2.12, "inconclusive (3 pairs)"), ("only_short", 2.0, "better")])
     tier_report(tmp_path / "long", [("base", 1.60, "—"), ("a", 1.58, "inconclusive"), ("b", 1.55, "better"),
                                     ("c", 1.62, "inconclusive")])
-    proc = run_script("experiments/exp12_proxy.py", "--tiers=short,long", "--out=proxy", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    assert cli.run(exp12.main, ["--tiers=short,long", "--out=proxy"]) == 0
     report = (tmp_path / "proxy" / "report.md").read_text()
     # short order b < base < c < a, long order b < a < base < c: pairs (a,base) and (a,c) swap -> (4 - 2) / 6
     tau = report_rows(report, "tau")
@@ -260,12 +265,12 @@ def test_proxy_ranks_the_shared_configurations_and_marks_verdicts_that_flip(tmp_
     assert ranking["c"][3] == "no" and ranking["base"][1] == "2 (2.100) baseline"
     # a tier joined from two reports of one budget: the first report that holds a configuration wins
     tier_report(tmp_path / "more", [("a", 9.0, "worse"), ("d", 2.3, "worse")])
-    joined = run_script("experiments/exp12_proxy.py", "--tiers=short+more,long", "--out=joined", cwd=tmp_path)
-    assert joined.returncode == 0, joined.stderr
+    assert cli.run(exp12.main, ["--tiers=short+more,long", "--out=joined"]) == 0
     rows = {row[0]: row for row in report_rows((tmp_path / "joined" / "report.md").read_text(), "ranking")[1:]}
     assert rows["a"][1] == "4 (2.200) worse" and "d" not in rows
-    missing = run_script("experiments/exp12_proxy.py", "--tiers=short,nowhere", "--out=p2", cwd=tmp_path)
-    assert_user_error(missing.stderr, missing.returncode, "nowhere/report.md not found")
+    capsys.readouterr()
+    code = cli.run(exp12.main, ["--tiers=short,nowhere", "--out=p2"])
+    assert_user_error(capsys.readouterr().err, code, "nowhere/report.md not found")
     assert not (tmp_path / "p2").exists()
 
 
