@@ -23,9 +23,13 @@ _common.DEFAULT_BUDGET with 400 iterations; --full uses train.py's own budget (2
 and tunes there too, as GUIDE §6 asks (a verdict at a budget needs LRs tuned at that budget): each
 configuration's search starts from the three half-decade points around the LR the default tier
 tuned for it (--tuned_from, one or more default-tier outputs), and is extended and refined as in
-the default tier; then the same five evaluation seeds.
+the default tier; then the same five evaluation seeds. --beyond is the beyond-n-gram tier: the
+same protocol as --full at the regime frontier's point below the strongest n-gram floor
+(_common.BEYOND_BUDGET: context 128, 4,800 iterations), its search starting around the LRs of
+--tuned_from (a default- or full-tier output). It is sized for a GPU: with --jobs 8 --gpus
+0,0,0,0,0,0,0,0 eight runs share one GPU; on CPU each run takes most of an hour at one thread.
 
-    python experiments/exp2_norm_comparison.py [--quick | --full] [--configs A.py,B.py] [--baseline NAME]
+    python experiments/exp2_norm_comparison.py [--quick | --full | --beyond] [--configs A.py,B.py] [--baseline NAME]
         [--tune_seeds T] [--seeds E] [--margin M] [--jobs N] [--out DIR]
 
 Writes results.csv (one row per run), tuned_lrs.json, norm_comparison.png, lr_sensitivity.png
@@ -58,9 +62,10 @@ NAME = "exp2_norm_comparison"
 EXP2_BUDGET = {"max_iters": 400, "eval_interval": 100}
 CORE = ("prenorm_rms", "prenorm_ln", "postnorm_ln", "prenorm_none")
 GRID = {"quick": "3e-3,3e-2", "default": "3e-4,1e-3,3e-3,1e-2,3e-2"}
-TUNE_SEEDS = {"quick": 2, "default": 2, "full": 2}
-SEEDS = {"quick": 2, "default": 5, "full": 5}
-EXTENSIONS = {"quick": 0, "default": MAX_EXTENSIONS, "full": MAX_EXTENSIONS}
+TUNE_SEEDS = {"quick": 2, "default": 2, "full": 2, "beyond": 2}
+SEEDS = {"quick": 2, "default": 5, "full": 5, "beyond": 5}
+EXTENSIONS = {"quick": 0, "default": MAX_EXTENSIONS, "full": MAX_EXTENSIONS, "beyond": MAX_EXTENSIONS}
+CENTRED = ("full", "beyond")  # the tiers whose search starts around another tier's tuned LRs
 TUNED_FILE = "tuned_lrs.json"
 
 
@@ -73,8 +78,8 @@ def config_name(path: str) -> str:
 
 
 def centered_grid(lr: float) -> list[float]:
-    """The three half-decade points (..., 1e-3, 3e-3, 1e-2, ...) around ``lr``: where the full tier's
-    search starts for a configuration the default tier tuned to ``lr``."""
+    """The three half-decade points (..., 1e-3, 3e-3, 1e-2, ...) around ``lr``: where the full and
+    beyond tiers' searches start for a configuration an earlier tier tuned to ``lr``."""
     centre = snap_half_decade(lr)
     return sorted({snap_half_decade(centre / HALF_DECADE), centre, snap_half_decade(centre * HALF_DECADE)})
 
@@ -110,12 +115,15 @@ class Exp2Options(_common.TrainingOptions):
     baseline: Optional[str] = option(None, "the configuration the others are paired with (none: the first)")
     tune_seeds: Optional[int] = option(None, "seeds the LR is tuned on, 0..T-1 (none: 2)")
     seeds: Optional[int] = option(None, "evaluation seeds at the tuned LR, numbered after the tuning seeds "
-                                        "(none: 5; quick and full 2)")
+                                        "(none: 5; quick 2)")
     lrs: Optional[str] = option(None, "the LR grid the search starts from (none: 3e-4,1e-3,3e-3,1e-2,3e-2; "
                                       "quick 3e-3,3e-2)")
     margin: Optional[float] = option(None, "the equivalence margin m in nats (none: the baseline's seed-to-seed "
                                            "standard deviation)")
-    tuned_from: Optional[str] = option(None, "--full: the default tier's outputs (comma-separated; the first "
+    beyond: bool = option(False, "the beyond-n-gram tier: --full's protocol at the regime frontier's point "
+                                 "below the n-gram floors (context 128, 4,800 iterations; writes to "
+                                 "results/beyond/)")
+    tuned_from: Optional[str] = option(None, "--full, --beyond: earlier tiers' outputs (comma-separated; the first "
                                              "that tuned a configuration counts), around whose tuned LRs the "
                                              f"search starts (none: results/{NAME})")
 
@@ -124,6 +132,8 @@ class Exp2Options(_common.TrainingOptions):
 
     def problems(self) -> list[str]:
         problems = super().problems() + (lr_list_problems(self.lrs) if self.lrs is not None else [])
+        if self.beyond and (self.quick or self.full):
+            problems.append("--beyond is a tier of its own; pass one of --quick, --full and --beyond")
         names = [config_name(c) for c in self.config_files()]
         problems += [f"config file '{c}' not found; --configs takes existing files, e.g. config/prenorm_ln.py"
                      for c in self.config_files() if not os.path.isfile(c)]
@@ -202,10 +212,10 @@ def main(argv):
 
 
 def start_grids(args, tier: str, configs: dict, tuned_from: str) -> dict:
-    """{name: the LRs its search starts from}: --lrs or the tier's grid; in --full without --lrs, the
-    three half-decade points around the LR the default tier tuned for it (all of them diverged there:
-    the default grid)."""
-    if args.lrs or tier != "full":
+    """{name: the LRs its search starts from}: --lrs or the tier's grid; in --full and --beyond
+    without --lrs, the three half-decade points around the LR --tuned_from tuned for it (all of them
+    diverged there: the default grid)."""
+    if args.lrs or tier not in CENTRED:
         return {name: sorted(floats(args.lrs or GRID[tier])) for name in configs}
     tuned = read_record(tuned_from.split(","), configs)["tuned"]
     return {name: centered_grid(tuned[name]) if tuned[name] else sorted(floats(GRID["default"])) for name in configs}
@@ -263,16 +273,16 @@ def write_results(args, plan: Plan, outcome: Outcome, tuned_from: str, started) 
     tune = f"seeds {', '.join(map(str, plan.tune_seeds))}"
     grids = set(map(tuple, plan.grids.values()))
     start = (f"the grid {', '.join(f'{lr:g}' for lr in next(iter(grids)))}" if len(grids) == 1 else
-             f"the three half-decade points around the LR the default tier tuned for each configuration "
-             f"({tuned_from}), at this tier's budget,")
+             f"the three half-decade points around the LR {tuned_from} tuned for each configuration, at "
+             f"this tier's budget,")
     how = (f"LR searched from {start} on tuning {tune} (half-decade steps beyond an edge while the best mean "
            f"loss is there, at most {EXTENSIONS[plan.tier]} a side, then the quarter-decade points beside the "
            f"best), then evaluation ")
     initial = {name: initial_loss(sweep.out_dir(Run(lr_overrides(plan.grids[name][0]), plan.tune_seeds[0], path)))
                for name, path in plan.configs.items()}
     trained = {config_name(r.config) for r in plan.tuning_runs if rows[r.name]["status"] == "finished"}
-    # Wortsman's sensitivity compares configurations only over one grid: --full centres each one's
-    # grid on its own default-tier LR, so there the column is left out (the default tier's has it).
+    # Wortsman's sensitivity compares configurations only over one grid: --full and --beyond centre
+    # each one's grid on its own earlier-tier LR, so there the column is left out (the default tier's has it).
     common_grid = len({tuple(g) for g in plan.grids.values()}) == 1
     sensitivities = ({n: sensitivity(plan.grids[n], outcome.means[n], initial[n], n in trained)
                       for n in outcome.means} if common_grid else {})

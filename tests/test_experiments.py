@@ -375,6 +375,28 @@ def test_exp2_options_are_checked_together(monkeypatch):
                      "--lrs must be in (0, 1000]", "names a configuration twice",
                      "config file 'other/prenorm_ln.py' not found"):
         assert fragment in joined
+    with pytest.raises(BabyGPTError, match="--beyond is a tier of its own"):
+        _common.parse(Exp2Options, ["--full", "--beyond"], "exp2", "doc")
+
+
+def test_exp2_beyond_tier_trains_the_frontiers_point_from_the_lrs_an_earlier_tier_tuned(tmp_path, monkeypatch):
+    """--beyond: its own directory, the frontier point's budget (then --set), and each search starting
+    around the LR --tuned_from tuned, as --full's does; nothing is trained here."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import _common
+    import exp2_norm_comparison as exp2
+    from babygpt.sweep import Run
+
+    args = _common.parse(exp2.Exp2Options, ["--beyond", "--set=dtype=float32", "--tuned_from=" + str(tmp_path)],
+                         "exp2", "doc")
+    assert _common.tier(args) == "beyond"
+    assert _common.output_path(args, exp2.NAME) == os.path.join("results", "beyond", exp2.NAME)
+    run = Run(exp2.lr_overrides(1e-3), 0, exp2.config_path("prenorm_rms"))
+    assert _common.budget_args(args, {}, [run]) == ["--block_size=128", "--max_iters=4800",
+                                                    f"--data_dir={args.data_dir}", "--dtype=float32"]
+    (tmp_path / exp2.TUNED_FILE).write_text(json.dumps({"tuned": {"prenorm_rms": 0.0055, "postnorm_ln": None}}))
+    grids = exp2.start_grids(args, "beyond", {"prenorm_rms": "a.py", "postnorm_ln": "b.py"}, str(tmp_path))
+    assert grids == {"prenorm_rms": [3e-3, 1e-2, 3e-2], "postnorm_ln": exp2.floats(exp2.GRID["default"])}
 
 
 def test_exp2_table_draws_each_verdict_and_its_robustness_to_the_baselines_runner_up(monkeypatch):
@@ -512,7 +534,7 @@ def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr
         assert {(full_record["tuned"][config], s) for s in ("2", "3")} <= evaluated
     assert (tmp_path / "full" / "lr_sensitivity.png").exists()
     full_report = (tmp_path / "full" / "report.md").read_text()
-    assert "the three half-decade points around the LR the default tier tuned" in full_report
+    assert "the three half-decade points around the LR res tuned for each configuration" in full_report
     # The sensitivity compares configurations over one grid; the column is empty where grids differ.
     own_grids = len({tuple(g) for g in full_record["grids"].values()}) > 1
     assert ("the LR sensitivity (which compares configurations over one grid) is left out" in full_report) == own_grids
