@@ -677,6 +677,31 @@ def test_fp16_overflow_stops_a_crossing_run_at_the_crossing_with_the_same_weight
     assert (tmp_path / "res" / "at_crossing" / "results.csv").exists()
 
 
+def test_beyond_tier_trains_the_committed_frontiers_cheapest_point_below_the_strongest_floor(monkeypatch):
+    """_common.BEYOND_BUDGET is where the committed frontier (results/regime) first ends below the
+    strongest n-gram floor, as experiment 11's answer picks it: each point at its best LR, the
+    cheapest in training minutes among those below."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import _common
+    import exp11_regime as exp11
+    from babygpt.rundir import read_json
+
+    root = os.path.join(ROOT, "results", "regime", "runs")
+    summaries = {name: read_json(os.path.join(root, name, "summary.json")) for name in os.listdir(root)}
+    summaries = {name: s for name, s in summaries.items() if s is not None}  # finished runs only
+    lrs = sorted({run.overrides["learning_rate"] for p in exp11.FRONTIER for run in p.runs(p.lrs).values()}
+                 | {float(name.split("learning_rate=")[1].split("__")[0]) for name in summaries})
+    points = []
+    for p in exp11.FRONTIER:
+        rows = [summaries[run.name] for run in p.runs(lrs).values() if run.name in summaries]
+        if rows:
+            points.append({"point": p, "row": min(rows, key=exp11.run_loss)})
+    floor = min(min(row["references"].values()) for row in summaries.values())
+    below = [p for p in exp11.pareto(points) if exp11.run_loss(p["row"]) < floor]
+    assert below, f"no committed frontier run ends below {floor}; the beyond tier has no point to train at"
+    assert dict(below[0]["point"].overrides) == _common.BEYOND_BUDGET
+
+
 def test_full_tier_search_starts_around_the_default_tiers_lr_from_the_first_record_that_has_it(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
     import exp2_norm_comparison as exp2
