@@ -27,7 +27,7 @@ the default tier; then the same five evaluation seeds. --beyond is the beyond-n-
 same protocol as --full at the regime frontier's point below the strongest n-gram floor
 (_common.BEYOND_BUDGET: context 128, 4,800 iterations), its search starting around the LRs of
 --tuned_from (a default- or full-tier output). It is sized for a GPU: on a machine with one,
---jobs 8 runs eight at once on it; on CPU each run takes most of an hour at one thread.
+--jobs 8 runs eight at once on it; on CPU a run takes over half an hour at one thread.
 
     python experiments/exp2_norm_comparison.py [--quick | --full | --beyond] [--configs A.py,B.py] [--baseline NAME]
         [--tune_seeds T] [--seeds E] [--margin M] [--jobs N] [--out DIR]
