@@ -37,10 +37,18 @@ def aside_path(path: str) -> str:
 class OutputDir:
     """``path`` as the output directory of a command whose results are made with ``settings``."""
 
-    def __init__(self, path: str, settings: dict, overwrite: bool = False, collect: bool = False):
+    def __init__(self, path: str, settings: dict, overwrite: bool = False, collect: bool = False,
+                 defaults: dict | None = None):
         self.path, self.settings, self.overwrite, self.collect = path, settings, overwrite, collect
+        # Each option's default: a settings.json written before an option existed lacks its key, and
+        # still says these settings when the option is at its default now.
+        self.defaults = defaults or {}
         self.aside = aside_path(path)
         self.replace = False
+
+    def says_these(self, had: dict | None) -> bool:
+        """Whether settings ``had`` (read from settings.json) are this command's."""
+        return had is not None and {**self.defaults, **had} == {**self.defaults, **self.settings}
 
     def check(self) -> None:
         """Refuse, writing nothing, a directory this command must not use; decide whether it
@@ -54,13 +62,13 @@ class OutputDir:
         if self.collect and had is None:
             raise BabyGPTError(f"nothing to collect in '{path}' (no {SETTINGS_FILE}); run the shards first "
                                f"(--shard K/N), or give the --out they wrote to")
-        self.replace = taken and had != self.settings
+        self.replace = taken and not self.says_these(had)
         if os.path.lexists(self.aside) and not os.path.isdir(self.aside):
             raise BabyGPTError(f"'{self.aside}' is where --overwrite keeps the results it replaces, but it is not a "
                                f"directory; move it out of the way (nothing was changed)")
         # (an --overwrite that failed before it wrote anything new, e.g. right after moving the old
         # results aside, is continued by any command: nothing of its own is there to keep)
-        if os.path.exists(self.aside) and taken and had != self.settings:
+        if os.path.exists(self.aside) and taken and not self.says_these(had):
             raise BabyGPTError(f"an earlier --overwrite of '{path}' did not complete: the results it replaces are "
                                f"in '{self.aside}'; run that command again to complete it, or move them back "
                                f"(delete '{path}', then rename '{self.aside}' to it)")
@@ -90,7 +98,7 @@ class OutputDir:
         except OSError as e:
             raise user_error(e, self.path) from None
         settings_file = os.path.join(self.path, SETTINGS_FILE)
-        if read_json(settings_file) != self.settings:
+        if not self.says_these(read_json(settings_file)):
             write_json(settings_file, self.settings)
         if os.path.exists(self.aside):
             _PENDING[os.path.abspath(self.path)] = self

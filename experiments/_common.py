@@ -134,12 +134,18 @@ def settings(args, name: str) -> dict:
     return {"experiment": name, **{k: v for k, v in dataclasses.asdict(args).items() if k not in NOT_SETTINGS}}
 
 
+def defaults(args) -> dict:
+    """Each setting's default value (settings.json from before an option existed lacks its key)."""
+    return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            for f in dataclasses.fields(args) if f.name not in NOT_SETTINGS}
+
+
 def claim(path: str, args, name: str, sweep=None) -> str:
     """Make ``path`` this experiment's output directory and return it (babygpt.outdir). Results
     made there with other settings (or by an unknown command) are refused, or with --overwrite
     moved aside until the new ones are complete. Everything is checked first (the directory, the
     experiment's ``sweep``, the data), so a refused experiment changes nothing on disk."""
-    out = OutputDir(path, settings(args, name), args.overwrite, getattr(args, "collect", False))
+    out = OutputDir(path, settings(args, name), args.overwrite, getattr(args, "collect", False), defaults(args))
     out.check()
     if sweep is not None:
         sweep.check(on_disk=not out.replace)

@@ -334,6 +334,20 @@ def test_a_rerun_with_the_same_settings_leaves_settings_json_alone(tmp_path):
     assert os.stat(settings).st_mtime_ns == 1
 
 
+def test_results_made_before_an_option_existed_are_the_same_settings_while_it_is_at_its_default(tmp_path):
+    """A settings.json without a newer option's key (exp1's --depth here) still says these settings
+    when the option is at its default, and is left alone; a non-default value is another setting."""
+    out = str(tmp_path / "exp1")
+    _common.claim(out, exp_args(), "exp1")
+    settings = tmp_path / "exp1" / "settings.json"
+    old = {k: v for k, v in json.loads(settings.read_text()).items() if k != "depth"}
+    settings.write_text(json.dumps(old))
+    _common.claim(out, exp_args(), "exp1")
+    assert json.loads(settings.read_text()) == old
+    with pytest.raises(BabyGPTError, match=r"made with other settings \(depth=None there, 3 now"):
+        _common.claim(out, exp_args("--depth=3"), "exp1")
+
+
 # Each training experiment with an option that only a later step used to refuse. The command
 # must exit 2 and leave every file of its --out as it was: bytes and mtime.
 BAD_LATE_OPTIONS = [["--jobs=0"], ["--gpus=0"]]
