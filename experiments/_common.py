@@ -18,7 +18,7 @@ from babygpt.errors import BabyGPTError, Interrupted, ShardDone, unknown_choice 
 from babygpt.model import PLACEMENTS  # noqa: E402
 from babygpt.placements import PLACEMENTS as PLACEMENT_CLASSES  # noqa: E402
 from babygpt.runtime import cpu_name  # noqa: E402
-from babygpt.options import option, parse_into  # noqa: E402
+from babygpt.options import option, options_of, parse_into  # noqa: E402
 from babygpt.data import load_dataset  # noqa: E402
 from babygpt.files import write_atomic  # noqa: E402
 from babygpt import outdir  # noqa: E402
@@ -136,8 +136,7 @@ def settings(args, name: str) -> dict:
 
 def defaults(args) -> dict:
     """Each setting's default value (settings.json from before an option existed lacks its key)."""
-    return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            for f in dataclasses.fields(args) if f.name not in NOT_SETTINGS}
+    return {name: o.default for name, o in options_of(type(args), NOT_SETTINGS).items()}
 
 
 def claim(path: str, args, name: str, sweep=None) -> str:

@@ -178,12 +178,16 @@ def trend(front: list[dict], floor: float) -> tuple[float, float, float | None] 
     return a, b, 10 ** exponent if exponent <= MAX_LOG10_MINUTES else math.inf
 
 
+def crossing(points: list[dict], floor: float) -> dict | None:
+    """The cheapest frontier point whose loss is below ``floor`` (None if none is)."""
+    return next((p for p in pareto(points) if run_loss(p["row"]) < floor), None)
+
+
 def answer(points: list[dict], refs: dict) -> str:
     """Where the frontier crosses the strongest floor, or how far it stays above it."""
     key, floor = strongest(refs)
-    below = [p for p in pareto(points) if run_loss(p["row"]) < floor]
-    if below:
-        p = below[0]
+    p = crossing(points, floor)
+    if p is not None:
         return (f"The cheapest point below the strongest floor ({label(key)}, {floor:.4f}) is "
                 f"**{p['point'].label}** at lr {p['lr']:g}: {run_loss(p['row']):.4f} after "
                 f"{minutes(p['row']):.1f} training minutes.")
