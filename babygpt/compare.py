@@ -58,6 +58,23 @@ def mean_interval(losses: list[float]) -> str:
     return f"{mean:.3f} ± {half:.3f}" if math.isfinite(half) else f"{mean:.3f}"
 
 
+def floor_interval(losses: list[float], floor: float) -> str:
+    """The regime of a configuration's runs: the mean of the finite losses minus ``floor`` (the
+    data's strongest n-gram loss), and "above" or "below" where the mean's 95% interval lies wholly
+    on one side of it ("at" where it holds the floor, "—" without losses). Below the floor, a
+    transformer has learned more than counting contexts does; above it, a verdict is about how a
+    configuration starts to learn."""
+    finite = [v for v in losses if math.isfinite(v)]
+    if not finite:
+        return "—"
+    mean, half = mean_ci(finite)
+    gap = mean - floor
+    if not math.isfinite(half):  # one run: no interval, so no side is claimed
+        return f"{gap:+.3f}"
+    side = "above" if gap - half > 0 else "below" if gap + half < 0 else "at"
+    return f"{gap:+.3f} ({side})"
+
+
 def pairs_of(losses: list[float], baseline: list[float]) -> list[float]:
     """The paired differences losses[i] - baseline[i] over the seeds where both runs have a loss
     (a seed where either diverged has no pair)."""

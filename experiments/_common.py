@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Optional
 
@@ -23,6 +24,7 @@ from babygpt.data import load_dataset  # noqa: E402
 from babygpt.files import write_atomic  # noqa: E402
 from babygpt import outdir  # noqa: E402
 from babygpt.outdir import OutputDir  # noqa: E402
+from babygpt.rundir import read_json  # noqa: E402
 from babygpt.scaleout import ScaleOutOptions  # noqa: E402
 from babygpt.sweep import Sweep, ignored_set_problems, shard_done_message  # noqa: E402
 
@@ -212,11 +214,41 @@ def finished_rows(sweep, last: bool = True) -> dict:
 
 
 def training_time(rows) -> str:
-    """How much training a report's runs cost, summed from their own records: the report's wall time
-    is only its invocation's, which skips runs already done."""
+    """How much training a report's runs cost, summed from their own records, and where they
+    trained: the report's wall time and machine are only its invocation's, which skips runs already
+    done (a campaign's runs may come from several sessions and machines)."""
     rows = list(rows)
-    return (f"{len(rows)} runs, {sum(r['wall_time_s'] or 0 for r in rows):.0f} s of training summed over "
-            f"runs (the wall time above is this invocation's, which skips runs already done)")
+    return (f"{count_runs(len(rows))}, {sum(r['wall_time_s'] or 0 for r in rows):.0f} s of training summed over "
+            f"runs (the wall time above is this invocation's, which skips runs already done); "
+            f"{trained_on(rows)}")
+
+
+def trained_on(rows) -> str:
+    """The machines a report's runs trained on, with how many each, from each run's summary.json
+    ("machine"), most runs first: "trained on AMD EPYC (AVX-512 bf16), 1 thread: all 24 runs"."""
+    counts = Counter(machine_label(read_json(os.path.join(r["out_dir"], "summary.json")) if r.get("out_dir")
+                                   else None) for r in rows)
+    if not counts:
+        return "no runs trained"
+    if len(counts) == 1:
+        return f"trained on {next(iter(counts))}: " + ("all " if len(rows) > 1 else "") + count_runs(len(rows))
+    return "trained on " + "; ".join(f"{label}: {count_runs(n)}" for label, n in counts.most_common())
+
+
+def count_runs(n: int) -> str:
+    """"1 run", "2 runs", ..."""
+    return "1 run" if n == 1 else f"{n} runs"
+
+
+def machine_label(summary: dict | None) -> str:
+    """A run's machine as a report names it: the GPU, or the CPU and its thread count."""
+    machine = (summary or {}).get("machine")
+    if not isinstance(machine, dict):
+        return "a machine its summary.json does not name"
+    if machine.get("device") == "cuda":
+        return str(machine.get("gpu", "a CUDA GPU"))
+    threads = machine.get("threads")
+    return f"{machine.get('cpu', 'a CPU')}, {threads} thread{'' if threads == 1 else 's'}"
 
 
 def reference_losses(data_dir: str) -> dict:

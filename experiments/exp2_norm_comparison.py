@@ -46,9 +46,10 @@ from typing import Optional
 import _common
 
 from babygpt.config import FIELDS
-from babygpt.compare import MIN_PAIRS_FOR_VERDICT, compare_table, equivalence_margin, mean_interval, \
-    outcome_counts, run_loss
+from babygpt.compare import MIN_PAIRS_FOR_VERDICT, compare_table, equivalence_margin, floor_interval, \
+    mean_interval, outcome_counts, run_loss
 from babygpt.errors import BabyGPTError
+from babygpt.ngram import label, strongest
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, reference_lines, save, save_log_x
 from babygpt.rundir import read_json, write_json
@@ -292,7 +293,8 @@ def write_results(args, plan: Plan, outcome: Outcome, tuned_from: str, started) 
                 f"{_common.training_time(rows.values())}."
                 + ("" if common_grid else " Each configuration searched its own grid, so the LR sensitivity "
                    "(which compares configurations over one grid) is left out: see the default tier's."),
-                _common.table_marker("tuned") + tuned_table(plan, outcome, losses, runner_up, margin, sensitivities),
+                _common.table_marker("tuned") + tuned_table(plan, outcome, losses, runner_up, margin, sensitivities,
+                                                            strongest(refs)),
                 _common.references_section(refs), "![](norm_comparison.png)"]
     plot_lr_curves(outcome.means, refs, initial, os.path.join(plan.out, "lr_sensitivity.png"))
     sections.insert(2, f"Final loss by learning rate, the mean over tuning {tune} (**bold**: the tuned LR, "
@@ -369,14 +371,17 @@ def read_tuned(path: str, configs) -> dict:
 # ---------------------------------------------------------------- tables
 
 def tuned_table(plan: Plan, outcome: Outcome, losses: dict, runner_up: list, margin: float,
-                sensitivities: dict) -> str:
-    """One row per configuration: its tuned LR, its evaluation seeds, and its verdict against the
-    baseline, drawn over the table and again against the baseline at its runner-up LR."""
+                sensitivities: dict, floor: tuple[str, float] | None) -> str:
+    """One row per configuration: its tuned LR, its evaluation seeds, where their mean lies against
+    the data's strongest n-gram ``floor`` (key, nats: the regime its verdict is about), and its
+    verdict against the baseline, drawn over the table and again against the baseline at its
+    runner-up LR."""
     base = plan.baseline
     verdicts = compare_table(losses, base, margin)
     again = compare_table({**losses, base: runner_up}, base, margin) if runner_up else {}
     header = ["configuration", "parameters", "tuned LR", "runner-up LR", "LR sensitivity", "runs",
-              "val loss, mean ± 95% CI", f"paired Δ vs {base}, 95% CI", "Holm-step CI", "verdict",
+              "val loss, mean ± 95% CI", *([f"mean − {label(floor[0])} floor ({floor[1]:.4f})"] if floor else []),
+              f"paired Δ vs {base}, 95% CI", "Holm-step CI", "verdict",
               f"robust to {base} at its runner-up LR", "train time / run (s)"]
     table = []
     for name in plan.configs:
@@ -390,6 +395,7 @@ def tuned_table(plan: Plan, outcome: Outcome, losses: dict, runner_up: list, mar
                       f"{outcome.second[name]:g}" if outcome.second.get(name) else "—",
                       f"{sens:.3f}" if sens is not None else "— (no LR trains)" if name in sensitivities else "—",
                       outcome_counts(rs), mean_interval(losses[name]),
+                      *([floor_interval(losses[name], floor[1])] if floor else []),
                       "(baseline)" if c is None else c.delta(), "—" if c is None else c.adjusted(),
                       "—" if c is None else c.call(), robust_cell(c, again.get(name)),
                       f"{statistics.fmean(r['wall_time_s'] or 0 for r in rs):.1f}" if rs else "—"])

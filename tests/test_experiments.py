@@ -4,6 +4,7 @@ import csv
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -274,6 +275,28 @@ def test_proxy_ranks_the_shared_configurations_and_marks_verdicts_that_flip(tmp_
     assert not (tmp_path / "p2").exists()
 
 
+def test_reports_say_which_machines_trained_their_runs(monkeypatch, tmp_path):
+    """A campaign's runs come from several sessions: the report names each run's machine from its
+    own summary.json, not the machine that wrote the report."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import _common
+
+    machines = {"a": {"cpu": "AMD EPYC (AVX-512 bf16)", "threads": 1, "device": "cpu"},
+                "b": {"cpu": "AMD EPYC (AVX-512 bf16)", "threads": 1, "device": "cpu"},
+                "c": {"cpu": "x86_64", "threads": 16, "device": "cuda", "gpu": "NVIDIA H100"}, "d": None}
+    rows = []
+    for name, machine in machines.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps({"status": "finished", "machine": machine}))
+        rows.append({"out_dir": str(tmp_path / name), "wall_time_s": 10.0})
+    assert _common.trained_on([]) == "no runs trained"
+    assert _common.trained_on(rows[:2]) == "trained on AMD EPYC (AVX-512 bf16), 1 thread: all 2 runs"
+    assert _common.trained_on(rows) == ("trained on AMD EPYC (AVX-512 bf16), 1 thread: 2 runs; NVIDIA H100: 1 run; "
+                                        "a machine its summary.json does not name: 1 run")
+    assert _common.training_time(rows[2:3]).startswith("1 run, 10 s of training summed over runs (")
+    assert _common.training_time(rows[2:3]).endswith("; trained on NVIDIA H100: 1 run")
+
+
 def test_stability_map_cells_and_largest_stable_lr(monkeypatch):
     monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
     import _common
@@ -402,7 +425,7 @@ def test_exp2_beyond_tier_trains_the_frontiers_point_from_the_lrs_an_earlier_tie
 def test_exp2_table_draws_each_verdict_and_its_robustness_to_the_baselines_runner_up(monkeypatch):
     monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
     import exp2_norm_comparison as exp2
-    from babygpt.compare import compare_table
+    from babygpt.compare import compare_table, floor_interval
 
     configs = {"base": "base.py", "var": "var.py"}
     plan = exp2.Plan("default", "out", configs, "base", [1e-3, 3e-3], [0, 1], [2, 3, 4])
@@ -413,17 +436,23 @@ def test_exp2_table_draws_each_verdict_and_its_robustness_to_the_baselines_runne
     outcome = exp2.Outcome({"base": {1e-3: 2.0, 3e-3: 2.1}, "var": {1e-3: 2.1, 3e-3: 2.0}},
                            {"base": 1e-3, "var": 3e-3}, {"base": 3e-3, "var": 1e-3}, {}, seed_runs, [], rows)
     # the baseline at its runner-up LR is as good as var: against it the verdict changes
-    text = exp2.tuned_table(plan, outcome, values, [2.00, 2.12, 2.05], 0.01, {"base": 0.1, "var": 0.25})
+    text = exp2.tuned_table(plan, outcome, values, [2.00, 2.12, 2.05], 0.01, {"base": 0.1, "var": 0.25}, None)
     cells = {line.split(" | ")[0][2:]: line.split(" | ") for line in text.splitlines()[2:]}
     expected = compare_table(values, "base", 0.01)["var"]
     assert cells["var"][2:5] == ["0.003", "0.001", "0.250"] and cells["var"][7] == expected.delta()
     assert cells["var"][8] == expected.adjusted() and cells["var"][9] == "better" == expected.call()
     assert cells["var"][10].startswith("no: inconclusive") and cells["base"][7] == "(baseline)"
-    same = exp2.tuned_table(plan, outcome, values, [2.11, 2.19, 2.16], 0.01, {"base": 0.1, "var": 0.25})
+    same = exp2.tuned_table(plan, outcome, values, [2.11, 2.19, 2.16], 0.01, {"base": 0.1, "var": 0.25}, None)
     assert "| better | yes |" in same
+    # with the data's strongest floor, each row says where its mean lies against it (the regime)
+    floored = exp2.tuned_table(plan, outcome, values, [2.11, 2.19, 2.16], 0.01, {"base": 0.1, "var": 0.25},
+                               ("kn8", 2.05))
+    header, *_, var = [line.split(" | ") for line in floored.splitlines()[:1] + floored.splitlines()[2:]]
+    assert header[7] == "mean − KN 8-gram floor (2.0500)" and var[8] == expected.delta()
+    assert var[7] == floor_interval(values["var"], 2.05) == f"{sum(values['var']) / 3 - 2.05:+.3f} (at)"
     # without runner-up runs there is no robustness to show; an edge LR is marked
     outcome.censored = {"var": True}
-    text = exp2.tuned_table(plan, outcome, values, [], 0.01, {"base": 0.1, "var": None})
+    text = exp2.tuned_table(plan, outcome, values, [], 0.01, {"base": 0.1, "var": None}, None)
     assert "| var | 10 | 0.003 (edge) | 0.001 | — (no LR trains) |" in text and "— (no runner-up runs)" in text
     # the LR table: mean over the tuning seeds, bold tuned, italic runner-up
     grid = exp2.lr_grid_table(outcome, {"base": 4.2, "var": 4.2})
@@ -513,9 +542,13 @@ def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr
         assert sorted(evaluated) == sorted(expected)
     report = (res / "report.md").read_text()
     table = {row[0]: row for row in report_rows(report, "tuned")[1:]}
-    assert table["prenorm_rms"][7] == "(baseline)"
+    assert table["prenorm_rms"][8] == "(baseline)"
     assert float(table["postnorm_ln"][2].split()[0]) == record["tuned"]["postnorm_ln"]
-    assert table["postnorm_ln"][9] == "inconclusive (2 pairs)"  # a verdict needs >= 3 seed pairs
+    assert table["postnorm_ln"][10] == "inconclusive (2 pairs)"  # a verdict needs >= 3 seed pairs
+    # the regime: each mean against the data's strongest n-gram floor, named in the header
+    floor = report_rows(report, "tuned")[0][7]
+    assert re.fullmatch(r"mean − KN \d-gram floor \(\d\.\d{4}\)", floor), floor
+    assert all(re.fullmatch(r"[+-]\d\.\d{3} \((above|below|at)\)", row[7]) for row in table.values())
     assert len(report_rows(report, "lr_grid")) == 3 and len(report_rows(report, "references")) == 2
     assert_collect_rewrites_the_same_tables(tmp_path, report, f"--data_dir={data_dir}", configs)
 

@@ -57,11 +57,17 @@ def test_tuning_picks_the_lowest_loss_among_runs_that_did_not_diverge():
 
 
 def test_table_cells_of_seeds_and_outcomes():
-    from babygpt.compare import mean_interval, outcome_counts, pairs_of
+    from babygpt.compare import floor_interval, mean_interval, outcome_counts, pairs_of
 
     # a seed where either configuration diverged has no pair
     assert pairs_of([2.0, math.inf, 2.1], [2.1, 2.2, math.inf]) == [pytest.approx(-0.1)]
     assert mean_interval([2.0, math.inf]) == "2.000" and mean_interval([math.inf]) == "—"
+    # against a floor: the side is claimed only where the mean's whole interval lies on it
+    half = mean_ci([1.50, 1.51, 1.52])[1]
+    assert 0 < half < 0.09 and floor_interval([1.50, 1.51, 1.52, math.inf], 1.60) == "-0.090 (below)"
+    assert floor_interval([1.50, 1.51, 1.52], 1.40) == "+0.110 (above)"
+    assert floor_interval([2.0, 2.2], 1.5) == "+0.600 (at)"  # two seeds: t(1) makes the interval wide
+    assert floor_interval([1.6], 1.5) == "+0.100" and floor_interval([math.inf], 1.5) == "—"
     assert mean_interval([2.0, 2.2]) == f"2.100 ± {mean_ci([2.0, 2.2])[1]:.3f}"
     rows = [{"status": s} for s in ("finished", "collapsed", "finished", "diverged")]
     assert outcome_counts(rows) == "2 finished, 1 collapsed, 1 diverged" and outcome_counts([]) == "—"
