@@ -308,7 +308,8 @@ def write_results(args, plan: Plan, outcome: Outcome, tuned_from: str, started) 
 def verdict_rule(k: int, margin: float, stated: float | None) -> str:
     """The report's sentence on how the table's verdicts are drawn."""
     why = "given with --margin" if stated else "the baseline's seed-to-seed standard deviation"
-    return (f"Verdicts are drawn over the table's {k} comparisons together: *better*/*worse* where the paired "
+    over = "for the table's one comparison" if k == 1 else f"over the table's {k} comparisons together"
+    return (f"Verdicts are drawn {over}: *better*/*worse* where the paired "
             f"t-test rejects no difference after Holm-Bonferroni (family-wise 5%; the interval shown is the one "
             f"at the comparison's Holm step), *equivalent within ±{margin:.3f}* where two one-sided tests "
             f"(Holm as well) reject a difference of {margin:.3f} nats or more (m = {margin:.3f}: {why}), "

@@ -454,6 +454,9 @@ def test_exp2_table_draws_each_verdict_and_its_robustness_to_the_baselines_runne
     outcome.censored = {"var": True}
     text = exp2.tuned_table(plan, outcome, values, [], 0.01, {"base": 0.1, "var": None}, None)
     assert "| var | 10 | 0.003 (edge) | 0.001 | — (no LR trains) |" in text and "— (no runner-up runs)" in text
+    # the report's rule names how many comparisons the correction spans
+    assert "Verdicts are drawn for the table's one comparison: " in exp2.verdict_rule(1, 0.01, None)
+    assert "over the table's 3 comparisons together: " in exp2.verdict_rule(3, 0.01, 0.01)
     # the LR table: mean over the tuning seeds, bold tuned, italic runner-up
     grid = exp2.lr_grid_table(outcome, {"base": 4.2, "var": 4.2})
     assert "| base | 4.200 | **2.000** | *2.100* |" in grid
