@@ -52,8 +52,9 @@ class TrainConfig(Checked):
     gradient_accumulation_steps: int = option(1, "micro-steps per optimizer step")
     # the model: GPTConfig's fields, set by their own names
     model: GPTConfig = field(default_factory=GPTConfig)
-    # optimization
-    learning_rate: float = option(2e-3, "peak learning rate (AdamW)", valid=Range(
+    # optimization: 5.5e-3 (min_lr a tenth of it) is the baseline's LR tuned at 2,400 iterations on two
+    # seeds (results/full/exp2_gpt2, docs/campaign.md); other configurations tune their own
+    learning_rate: float = option(5.5e-3, "peak learning rate (AdamW)", valid=Range(
         0, MAX_LR, low_open=True, why=": AdamW moves each weight by about learning_rate per step, and far larger "
                                       "values overflow inside it"))
     weight_decay: float = option(0.1, "AdamW weight decay on matrices (never on norm gains or biases)",
@@ -71,7 +72,7 @@ class TrainConfig(Checked):
     grad_clip: float = option(1.0, "clip the global gradient norm to this; 0 = off", valid=AT_LEAST_0)
     warmup_iters: int = option(100, "linear warmup from 0 to learning_rate over this many iterations")
     lr_decay_iters: Optional[int] = option(None, "cosine decay reaches min_lr here; none = max_iters")
-    min_lr: float = option(2e-4, "learning rate at the end of the cosine decay", valid=AT_LEAST_0)
+    min_lr: float = option(5.5e-4, "learning rate at the end of the cosine decay", valid=AT_LEAST_0)
     max_iters: int = option(2400, "optimizer steps in total")
     # logging and checkpoints
     eval_interval: int = option(400, "evaluate train/val loss and checkpoint every this many iterations")

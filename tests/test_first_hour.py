@@ -10,7 +10,7 @@ from conftest import TINY_TRAIN_ARGS, prepare_small_data
 
 
 @pytest.mark.parametrize("keys,fragment", [
-    ({"max_iters": 30, "warmup_iters": 100, "eval_interval": 10}, "never reaches 0.002"),
+    ({"max_iters": 30, "warmup_iters": 100, "eval_interval": 10}, f"never reaches {TrainConfig().learning_rate:g}"),
     ({"max_iters": 300, "eval_interval": 400, "warmup_iters": 10}, "evaluated at iterations 0, 300 only"),
     ({"max_iters": 300, "lr_decay_iters": 600, "eval_interval": 100, "warmup_iters": 10}, "stops before its learning rate decays"),
 ])
