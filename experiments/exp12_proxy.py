@@ -8,7 +8,8 @@ at 2,400): its "tuned" table gives every configuration's mean loss over the eval
 own tuned LR, and its verdict against the baseline. This script trains nothing. For the
 configurations every tier holds, it ranks them by mean loss in each tier, gives Kendall's tau-b for
 each pair of tiers with its exact permutation p-value (few configurations make a wide one), and
-lists each configuration's verdict in every tier, marking those that differ.
+lists each configuration's verdict in every tier, marking those that reverse (better in one tier,
+worse in another) apart from those that are only gained or lost (inconclusive in one tier).
 
     python experiments/exp12_proxy.py --tiers results/exp2_norm_comparison,results/full/exp2_gpt2 [--out DIR]
 
@@ -86,6 +87,17 @@ def verdict_word(verdict: str) -> str:
     return verdict.split(" (")[0].split(" within")[0]
 
 
+def verdict_change(verdicts: list[str]) -> str:
+    """How one configuration's verdict moves over the tiers, shortest first: "no" where every tier
+    says the same; "reversed (better → worse)" where one tier finds it better and another worse;
+    otherwise "changed (inconclusive → worse)" -- a verdict gained or lost is not a reversal."""
+    words = [verdict_word(v) for v in verdicts]
+    if len(set(words)) == 1:
+        return "no"
+    kind = "reversed" if {"better", "worse"} <= set(words) else "changed"
+    return f"{kind} ({' → '.join(words)})"
+
+
 def main(argv):
     exp = _common.begin(Exp12Options, argv, NAME, __doc__)
     dirs = exp.args.tier_dirs()
@@ -109,7 +121,7 @@ def main(argv):
     by_config = {(r["configuration"], r["tier"]): r for r in rows}
     ranking = [[c, *[f"{by_config[c, d]['rank']} ({by_config[c, d]['mean_loss']:.3f}) {by_config[c, d]['verdict']}"
                      for d in dirs],
-                "yes" if len({verdict_word(tiers[d][c][1]) for d in dirs}) > 1 else "no"] for c in shared]
+                verdict_change([tiers[d][c][1] for d in dirs])] for c in shared]
     body = (f"Tiers, shortest budget first: {', '.join(f'`{d}`' for d in dirs)}. {len(shared)} configurations "
             f"in every tier; each ranked by its mean loss over the evaluation seeds at its own tuned LR "
             f"(1 = lowest). Kendall's tau-b compares two tiers' orders (1: the same, -1: reversed); the "
@@ -119,7 +131,9 @@ def main(argv):
             + _common.table_section("Kendall's tau", "Each pair of tiers.", "tau", _common.markdown_table(
                 ["shorter tier", "longer tier", "configurations", "Kendall's tau-b", "p (exact)"], taus))
             + _common.table_section("Rankings and verdicts", "Rank (mean loss) and verdict against the baseline "
-                                    "in each tier; *flips*: the verdict's word differs between tiers.", "ranking",
+                                    "in each tier; *flips*: \"reversed\" where one tier finds a configuration better "
+                                    "and another worse, \"changed\" where a verdict is gained or lost (e.g. "
+                                    "inconclusive → worse), \"no\" where every tier says the same.", "ranking",
                                     _common.markdown_table(["configuration", *dirs, "flips"], ranking)))
     exp.write_report("Is the short budget a proxy?", body)
     return 0

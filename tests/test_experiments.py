@@ -262,8 +262,11 @@ def test_proxy_ranks_the_shared_configurations_and_marks_verdicts_that_flip(tmp_
     assert float(tau[1][4]) == pytest.approx(18 / 24)
     ranking = {row[0]: row for row in report_rows(report, "ranking")[1:]}
     assert set(ranking) == {"base", "a", "b", "c"}  # only_short is not in both tiers
-    assert ranking["a"][1:] == ["4 (2.200) worse", "2 (1.580) inconclusive", "yes"]
+    assert ranking["a"][1:] == ["4 (2.200) worse", "2 (1.580) inconclusive", "changed (worse → inconclusive)"]
     assert ranking["c"][3] == "no" and ranking["base"][1] == "2 (2.100) baseline"
+    assert exp12.verdict_change(["better", "inconclusive (2 pairs)", "worse"]) == \
+        "reversed (better → inconclusive → worse)"
+    assert exp12.verdict_change(["equivalent within ±0.010", "equivalent within ±0.020"]) == "no"
     # a tier joined from two reports of one budget: the first report that holds a configuration wins
     tier_report(tmp_path / "more", [("a", 9.0, "worse"), ("d", 2.3, "worse")])
     assert cli.run(exp12.main, ["--tiers=short+more,long", "--out=joined"]) == 0
