@@ -292,6 +292,16 @@ def to_dict(cfg: TrainConfig) -> dict:
     return {**{k: getattr(cfg, k) for k in TRAIN_FIELDS}, **{k: getattr(cfg.model, k) for k in MODEL_FIELDS}}
 
 
+def changed_settings(had: dict, now: dict, ignore: tuple[str, ...] = ()) -> list[tuple[str, object, object]]:
+    """(key, recorded value, value now) for each key of ``now`` whose value differs from the recorded
+    settings ``had`` (config.json's form), ``ignore``'s keys left out. A key missing from ``had`` is a
+    field added since it was recorded: it ran as that field's default (a new field defaults to the
+    behaviour from before it existed: init, adam_eps, z_loss, ...)."""
+    defaults = to_dict(TrainConfig())
+    return [(k, had.get(k, defaults.get(k)), v) for k, v in now.items()
+            if k not in ignore and had.get(k, defaults.get(k)) != v]
+
+
 def help_text(extra: dict[str, Option] | None = None, usage: str = USAGE, unused: tuple[str, ...] = ()) -> str:
     training = {k: o for k, o in TRAIN_FIELDS.items() if k not in unused}
     sections = {"positional": {"config": CONFIG_FILE}, "training": training, "model": MODEL_FIELDS}

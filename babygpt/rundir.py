@@ -251,6 +251,11 @@ class RunDir:
                                    f"it, or move the run directory aside to start that run afresh")
             self.metrics_rows()
 
+    def last_settings(self) -> dict | None:
+        """The settings of the run's latest start (config.json's form), None before its first."""
+        record = read_record(self.config, ("config",))
+        return latest_config(record) if record else None
+
     def _untrained_best(self) -> bool:
         """Whether best.pt holds the model as initialised (iteration 0): nothing trained is lost."""
         from .checkpoint import load_checkpoint

@@ -23,7 +23,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-from .config import FIELDS, TrainConfig, load_config, read_config_file, to_dict, with_resolved_dtype
+from .config import FIELDS, changed_settings, load_config, read_config_file, to_dict, with_resolved_dtype
 from .errors import BabyGPTError
 from .files import user_error, write_csv
 from .rundir import RunDir, RunLock, latest_config, read_json, read_record, read_summary
@@ -176,12 +176,9 @@ class SweepDir:
 
     @staticmethod
     def _differences(had: dict, wanted: dict) -> str:
-        """"lr=0.002 there, 0.001 now, ..." for the keys whose values differ; "" if none do. A key
-        missing from ``had`` is a field added since it was recorded; it ran as that field's default
-        (a new field defaults to the behaviour from before it existed: init, adam_eps, z_loss, ...)."""
-        defaults = to_dict(TrainConfig())
-        diffs = [k for k in wanted if had.get(k, defaults.get(k)) != wanted[k]]
-        return ", ".join(f"{k}={had.get(k)!r} there, {wanted[k]!r} now" for k in diffs[:4])
+        """"learning_rate=0.002 there, 0.001 now, ..." for the first four keys whose values differ
+        (config.changed_settings); "" if none do."""
+        return ", ".join(f"{k}={old!r} there, {new!r} now" for k, old, new in changed_settings(had, wanted)[:4])
 
     def _check_binding(self, run: Run) -> None:
         """Refuse settings other than those the run's name is bound to in this directory."""

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from . import distributed
 from .checkpoint import pack_training_state, restore_rng, resume_training_state, save_checkpoint
-from .config import TrainConfig, to_dict, with_resolved_dtype
+from .config import TrainConfig, changed_settings, to_dict, with_resolved_dtype
 from .data import BatchSampler, CharTokenizer, load_dataset
 from .diagnostics import NO_HOOK, LayerDiagnostics, StepHook
 from .model import GPT, GPTConfig, log_partition
@@ -180,6 +180,20 @@ def forward_modules(model: GPT, cfg: TrainConfig, device: torch.device, dist: di
     return net, DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
 
 
+def resume_changes(run_dir: RunDir, cfg: TrainConfig) -> str | None:
+    """The warning for a resume whose settings differ from the run's last start ("learning_rate
+    0.002 -> 0.0055, ..."), None where none do. A resume takes its settings from the command line
+    and the defaults, not the checkpoint, so a default changed since (or a forgotten --key) would
+    otherwise change the run halfway without a word; extending max_iters is named the same way."""
+    had = run_dir.last_settings()
+    changes = changed_settings(had, to_dict(with_resolved_dtype(cfg)), ignore=("out_dir", "init_from")) if had else []
+    if not changes:
+        return None
+    shown = ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in changes)
+    return (f"this resume changes settings from the run's last start: {shown}; the run continues with "
+            f"the new values (give the earlier ones as --key=value to keep them)")
+
+
 class LossWindow:
     """The per-step losses since the last metrics row, left on the device: reading them is a
     host-device sync, made once per row instead of once per step."""
@@ -311,6 +325,7 @@ class Trainer:
             if self.state.iter >= cfg.max_iters:  # e.g. killed after its last checkpoint: it is complete
                 return self._complete()
         resumed_at = self.state.iter if cfg.init_from == "resume" else None
+        changes = resume_changes(self.run_dir, cfg) if resumed_at is not None else None  # before start() records this one
         self.run_dir.start(run_record(to_dict(cfg), self.argv, self.device, self.model.num_params(),
                                       self.dist.world_size), resumed_at)
         if cfg.tensorboard and self.main:
@@ -320,6 +335,8 @@ class Trainer:
                 print(f"warning: {warning}", file=sys.stderr, flush=True)
             if resumed_at is not None:
                 print(f"resuming from iteration {resumed_at} of {cfg.max_iters} ({self.run_dir.ckpt})", flush=True)
+            if changes:
+                print(f"warning: {changes}", file=sys.stderr, flush=True)
             ranks = f" x {self.dist.world_size} processes" if self.dist.enabled else ""
             native, warning = dtype_note(self.device, cfg.dtype)
             if warning:

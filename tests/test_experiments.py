@@ -118,7 +118,7 @@ def test_sweep_runs_skips_finished_resumes_killed_and_reads_divergence(small_swe
     import shutil
 
     shutil.rmtree(os.path.join(sweep.root, "run_settings"))
-    with pytest.raises(BabyGPTError, match="was run with other settings .z_loss=None there, 0.0001 now"):
+    with pytest.raises(BabyGPTError, match="was run with other settings .z_loss=0.0 there, 0.0001 now"):
         Sweep(sweep.root, runs, sweep.base_args + ["--z_loss=1e-4"]).run(progress=False)
 
 

@@ -33,10 +33,22 @@ def run_dir(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_resumed_run_says_where_it_resumes(run_dir, capsys):
+def test_a_resumed_run_says_where_it_resumes_and_which_settings_it_changes(run_dir, capsys):
+    """A resume takes its settings from the command line and today's defaults, not the checkpoint:
+    each one that differs from the run's last start is named, the same settings give no warning."""
+    from babygpt.rundir import RunDir
+    from babygpt.trainer import resume_changes
+
     out, argv = run_dir
+    assert resume_changes(RunDir(str(out)), load_config([*argv, "--init_from=resume"])) is None
     assert cli.run(cli.train_main, [*argv, "--max_iters=20", "--init_from=resume"]) == 0
-    assert f"resuming from iteration 10 of 20 ({out}/ckpt.pt)" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert f"resuming from iteration 10 of 20 ({out}/ckpt.pt)" in captured.out
+    assert "changes settings from the run's last start: max_iters 10 -> 20;" in captured.err
+    lr = TrainConfig().learning_rate  # the run started at the default: a default changed since reads the same
+    assert cli.run(cli.train_main, [*argv, "--max_iters=30", f"--learning_rate={lr / 2}", "--init_from=resume"]) == 0
+    warning = [line for line in capsys.readouterr().err.splitlines() if "changes settings" in line]
+    assert len(warning) == 1 and f"learning_rate {lr!r} -> {lr / 2!r}, max_iters 20 -> 30;" in warning[0]
 
 
 @pytest.mark.slow
