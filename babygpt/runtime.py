@@ -58,6 +58,17 @@ def machine(device: torch.device) -> dict:
     return record
 
 
+def machine_label(record: dict | None) -> str:
+    """A run's machine (its summary.json's "machine") as a report names it: the GPU, or the CPU
+    and its thread count."""
+    if not isinstance(record, dict):
+        return "a machine its summary.json does not name"
+    if record.get("device") == "cuda":
+        return str(record.get("gpu", "a CUDA GPU"))
+    threads = record.get("threads")
+    return f"{record.get('cpu', 'a CPU')}, {threads} thread{'' if threads == 1 else 's'}"
+
+
 def native_cuda_bf16() -> bool:
     """bfloat16 in the GPU's hardware (Ampere and later). torch's own check also counts the slow
     emulation older GPUs offer."""

@@ -27,6 +27,7 @@ from .config import FIELDS, changed_settings, load_config, read_config_file, to_
 from .errors import BabyGPTError
 from .files import user_error, write_csv
 from .rundir import RunDir, RunLock, latest_config, read_json, read_record, read_summary
+from .runtime import machine_label
 from .scaleout import claim
 from .state import ENDED
 
@@ -36,7 +37,7 @@ NOT_COMPARED = ("out_dir", "init_from")  # where a run lives and how it starts, 
 MAX_NAME = 200  # bytes of a run's directory name; longer names are cut and given a hash
 COLUMNS = ["name", "seed", "status", "exit_code", "diverged_at", "first_nonfinite_at", "iter",
            "final_train_loss", "final_val_loss", "best_val_loss", "val_loss_full", "val_time_full_s", "wall_time_s",
-           "num_params", "out_dir"]
+           "num_params", "machine", "out_dir"]
 
 
 def _fmt(value) -> str:
@@ -246,7 +247,7 @@ class SweepDir:
         info = read_json(os.path.join(out, "config.json")) or {}
         row = {"name": run.name, "label": run.label, "seed": run.seed, "exit_code": exit_code,
                "status": summary.get("status", "failed"), "num_params": info.get("num_params"),
-               "out_dir": out}
+               "machine": machine_label(summary.get("machine")) if summary else None, "out_dir": out}
         for key in COLUMNS:
             row.setdefault(key, summary.get(key))
         row.update({f"cfg.{k}": v for k, v in run.overrides.items()})

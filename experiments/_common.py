@@ -18,13 +18,12 @@ from babygpt.cli import run  # noqa: E402
 from babygpt.errors import BabyGPTError, Interrupted, ShardDone, unknown_choice  # noqa: E402
 from babygpt.model import PLACEMENTS  # noqa: E402
 from babygpt.placements import PLACEMENTS as PLACEMENT_CLASSES  # noqa: E402
-from babygpt.runtime import cpu_name  # noqa: E402
+from babygpt.runtime import cpu_name, machine_label  # noqa: E402
 from babygpt.options import option, options_of, parse_into  # noqa: E402
 from babygpt.data import load_dataset  # noqa: E402
 from babygpt.files import write_atomic  # noqa: E402
 from babygpt import outdir  # noqa: E402
 from babygpt.outdir import OutputDir  # noqa: E402
-from babygpt.rundir import read_json  # noqa: E402
 from babygpt.scaleout import ScaleOutOptions  # noqa: E402
 from babygpt.sweep import Sweep, ignored_set_problems, shard_done_message  # noqa: E402
 
@@ -224,10 +223,9 @@ def training_time(rows) -> str:
 
 
 def trained_on(rows) -> str:
-    """The machines a report's runs trained on, with how many each, from each run's summary.json
-    ("machine"), most runs first: "trained on AMD EPYC (AVX-512 bf16), 1 thread: all 24 runs"."""
-    counts = Counter(machine_label(read_json(os.path.join(r["out_dir"], "summary.json")) if r.get("out_dir")
-                                   else None) for r in rows)
+    """The machines a report's runs trained on, with how many each (each row's "machine", from its
+    run's summary.json), most runs first: "trained on AMD EPYC (AVX-512 bf16), 1 thread: all 24 runs"."""
+    counts = Counter(r.get("machine") or machine_label(None) for r in rows)
     if not counts:
         return "no runs trained"
     if len(counts) == 1:
@@ -238,17 +236,6 @@ def trained_on(rows) -> str:
 def count_runs(n: int) -> str:
     """"1 run", "2 runs", ..."""
     return "1 run" if n == 1 else f"{n} runs"
-
-
-def machine_label(summary: dict | None) -> str:
-    """A run's machine as a report names it: the GPU, or the CPU and its thread count."""
-    machine = (summary or {}).get("machine")
-    if not isinstance(machine, dict):
-        return "a machine its summary.json does not name"
-    if machine.get("device") == "cuda":
-        return str(machine.get("gpu", "a CUDA GPU"))
-    threads = machine.get("threads")
-    return f"{machine.get('cpu', 'a CPU')}, {threads} thread{'' if threads == 1 else 's'}"
 
 
 def reference_losses(data_dir: str) -> dict:

@@ -85,6 +85,9 @@ def test_sweep_runs_skips_finished_resumes_killed_and_reads_divergence(small_swe
     on_disk = read_csv(os.path.join(sweep.root, "results.csv"))
     assert on_disk[0]["status"] in COMPLETED and on_disk[1]["status"] == "diverged"
     assert on_disk[0]["cfg.norm_type"] == "rmsnorm" and int(on_disk[0]["num_params"]) > 0
+    # each row names the machine its run trained on, from the run's own summary.json
+    from babygpt.runtime import cpu_name
+    assert ok["machine"] == on_disk[0]["machine"] and ok["machine"].startswith(cpu_name() + ", ")
 
     # Done runs are not run again.
     summary = os.path.join(sweep.out_dir(runs[0]), "summary.json")
@@ -278,20 +281,18 @@ def test_proxy_ranks_the_shared_configurations_and_marks_verdicts_that_flip(tmp_
     assert not (tmp_path / "p2").exists()
 
 
-def test_reports_say_which_machines_trained_their_runs(monkeypatch, tmp_path):
-    """A campaign's runs come from several sessions: the report names each run's machine from its
-    own summary.json, not the machine that wrote the report."""
+def test_reports_say_which_machines_trained_their_runs(monkeypatch):
+    """A campaign's runs come from several sessions: the report names each run's machine (its row's,
+    from the run's own summary.json), not the machine that wrote the report."""
     monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
     import _common
+    from babygpt.runtime import machine_label
 
-    machines = {"a": {"cpu": "AMD EPYC (AVX-512 bf16)", "threads": 1, "device": "cpu"},
-                "b": {"cpu": "AMD EPYC (AVX-512 bf16)", "threads": 1, "device": "cpu"},
-                "c": {"cpu": "x86_64", "threads": 16, "device": "cuda", "gpu": "NVIDIA H100"}, "d": None}
-    rows = []
-    for name, machine in machines.items():
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "summary.json").write_text(json.dumps({"status": "finished", "machine": machine}))
-        rows.append({"out_dir": str(tmp_path / name), "wall_time_s": 10.0})
+    machines = [{"cpu": "AMD EPYC (AVX-512 bf16)", "threads": 1, "device": "cpu"},
+                {"cpu": "AMD EPYC (AVX-512 bf16)", "threads": 1, "device": "cpu"},
+                {"cpu": "x86_64", "threads": 16, "device": "cuda", "gpu": "NVIDIA H100"}, None]
+    rows = [{"machine": machine_label(m), "wall_time_s": 10.0} for m in machines]
+    assert machine_label({"cpu": "Intel Xeon", "threads": 2, "device": "cpu"}) == "Intel Xeon, 2 threads"
     assert _common.trained_on([]) == "no runs trained"
     assert _common.trained_on(rows[:2]) == "trained on AMD EPYC (AVX-512 bf16), 1 thread: all 2 runs"
     assert _common.trained_on(rows) == ("trained on AMD EPYC (AVX-512 bf16), 1 thread: 2 runs; NVIDIA H100: 1 run; "
