@@ -325,7 +325,8 @@ class Trainer:
             if self.state.iter >= cfg.max_iters:  # e.g. killed after its last checkpoint: it is complete
                 return self._complete()
         resumed_at = self.state.iter if cfg.init_from == "resume" else None
-        changes = resume_changes(self.run_dir, cfg) if resumed_at is not None else None  # before start() records this one
+        # read before start() records this resume; only the rank that prints needs it
+        changes = resume_changes(self.run_dir, cfg) if resumed_at is not None and self.main else None
         self.run_dir.start(run_record(to_dict(cfg), self.argv, self.device, self.model.num_params(),
                                       self.dist.world_size), resumed_at)
         if cfg.tensorboard and self.main:
