@@ -4,7 +4,8 @@ babygpt.sweepdir).
 A run found done is not run again, and one that was killed resumes from its checkpoint, so a
 killed sweep picks up where it stopped when started again. SIGINT or SIGTERM to the sweep is passed
 on to the runs in progress, which checkpoint and stop; no new run starts, and the sweep exits 130 or
-143. Run it again to resume.
+143. Run it again to resume. SIGUSR1 drains it instead: the runs in progress train to their end, no
+new run starts, and the sweep exits 128 + its number (138 on Linux) if it left runs not done.
 
 Beyond one process (babygpt.scaleout): ``shard=K/N`` trains only its slice of the runs, then retries
 runs of shards that stopped without finishing them, and (``wait``) waits for the rest; ``collect``
@@ -41,6 +42,12 @@ __all__ = ["COLUMNS", "DONE", "MAX_NAME", "Run", "SKIPPED", "Sweep", "SweepOptio
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_PY = os.path.join(ROOT, "train.py")
 SKIPPED = "skipped"  # _execute's answer for a run another process claimed or finished first
+# Finish the runs in progress and start no more: for a machine lent for a fixed time, or a
+# scheduler's warning before its limit (Slurm's --signal=USR1@120). POSIX only.
+DRAIN_SIGNAL = getattr(signal, "SIGUSR1", None)
+# Set once DRAIN_SIGNAL arrives, for the whole process: an experiment runs its sweeps one after
+# another (an LR search's rounds), and a drain that came as one ended must stop the next as well.
+_drained_by: int | None = None
 
 
 class Sweep(SweepDir):
@@ -75,8 +82,8 @@ class Sweep(SweepDir):
 
     def _execute(self, run: Run, slots: DeviceSlots) -> int | str | None:
         """Claim the run and train it to its end: train.py's exit code; SKIPPED if another process
-        claimed or finished it first; None if the sweep was stopped before it started."""
-        if self._stop:
+        claimed or finished it first; None if the sweep was stopped or drained before it started."""
+        if self._stop or self._draining:
             return None
         lock = claim(self.root, run.name)
         if lock.acquire() is not None:
@@ -125,10 +132,24 @@ class Sweep(SweepDir):
         for child in list(self._children.values()):
             self._pass_on(child, self._stop)
 
+    @property
+    def _draining(self) -> int | None:
+        return _drained_by
+
+    def _on_drain(self, signum, frame) -> None:
+        """The runs in progress train on to their end (their children never see this signal: each
+        has its own session); waits for other shards' runs end at once."""
+        global _drained_by
+        _drained_by = signum
+        self._wake.set()
+
     @contextmanager
     def _signals_passed_on(self):
         handling = threading.current_thread() is threading.main_thread()
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)} if handling else {}
+        handlers = {signal.SIGINT: self._on_signal, signal.SIGTERM: self._on_signal}
+        if DRAIN_SIGNAL is not None:
+            handlers[DRAIN_SIGNAL] = self._on_drain
+        previous = {s: signal.signal(s, h) for s, h in handlers.items()} if handling else {}
         try:
             yield
         finally:
@@ -139,7 +160,8 @@ class Sweep(SweepDir):
         """Check everything, run what is not done yet, then write and return the results rows.
         A shard trains its own slice and the runs that stopped shards left; with ``wait`` it then
         waits for every other run, else it returns None. Raises Interrupted (after the runs in
-        progress have checkpointed) on SIGINT/SIGTERM."""
+        progress have checkpointed) on SIGINT/SIGTERM, and (after they have ended) on
+        DRAIN_SIGNAL if it leaves runs it did not start."""
         self.check()
         if self.collect:
             return self._collected()
@@ -151,7 +173,7 @@ class Sweep(SweepDir):
         with self._signals_passed_on(), tqdm(total=len(self.runs), desc="runs", unit="run", disable=not progress,
                                               dynamic_ncols=True) as bar:
             batch = self.mine()
-            while not self._stop:
+            while not (self._stop or self._draining):
                 self._train(batch, slots, codes, bar)
                 batch = self._wait_for_others(codes, bar, wait or self.shard is None)
                 if not batch:
@@ -160,6 +182,11 @@ class Sweep(SweepDir):
             stopped = sum(1 for code in codes.values() if code == 128 + self._stop)
             raise Interrupted(self._stop, f"sweep stopped by {signal_name(self._stop)}: {stopped} run(s) in "
                                           f"progress saved a checkpoint; run the same command again to resume")
+        left = [r for r in self.runs if self.status(r) not in DONE] if self._draining else []
+        if left:
+            raise Interrupted(self._draining, f"sweep drained by {signal_name(self._draining)}: the runs it had "
+                                              f"started have ended, {len(left)} run(s) are not done; run the "
+                                              f"same command again to train them")
         if self.shard is not None and not wait:
             return None
         rows = [self.result(r, codes.get(r.name)) for r in self.runs]
@@ -185,7 +212,7 @@ class Sweep(SweepDir):
         """The runs left for this process to take (runs nobody is on whose shard stopped), waiting
         while others train the rest if ``wait``; [] when nothing is left to do or wait for."""
         said = None
-        while not self._stop:
+        while not (self._stop or self._draining):
             pending = [r for r in self.runs if r.name not in codes and self.status(r) not in DONE]
             free = [r for r in pending if self._abandoned(r)]
             if free or not pending or not wait:

@@ -13,8 +13,9 @@ import time
 import pytest
 
 from babygpt import cli, distributed
+from babygpt import sweep as sweep_module
 from babygpt.config import load_config
-from babygpt.errors import BabyGPTError
+from babygpt.errors import BabyGPTError, Interrupted
 from babygpt.files import write_atomic
 from babygpt.rundir import RunDir, RunLock, owned
 from babygpt.sweep import MAX_NAME, Run, Sweep
@@ -227,6 +228,40 @@ def test_a_damaged_binding_is_refused_by_name(data_dir, tmp_path):
         f.write("{")
     with pytest.raises(BabyGPTError, match=r"run_settings/learning_rate=0.001__seed=0.json is damaged"):
         sweep.run(progress=False)
+
+
+@pytest.mark.skipif(sweep_module.DRAIN_SIGNAL is None, reason="SIGUSR1 is POSIX-only")
+def test_sigusr1_drains_a_sweep_the_run_in_progress_ends_and_no_other_starts(data_dir, tmp_path, monkeypatch):
+    """A drain reaches the sweep's own handler (sent to this process, as `timeout -s USR1` does),
+    lets the run in progress end, starts no other, and holds for a later sweep of the same process
+    (an experiment's next round)."""
+    monkeypatch.setattr(sweep_module, "_drained_by", None)
+    runs = [Run({"learning_rate": lr}, 0) for lr in (1e-3, 2e-3, 3e-3)]
+    started = []
+
+    class Drained(Sweep):
+        def _spawn(self, run, gpu):  # the run in progress: receives the drain, then ends as finished
+            started.append(run.name)
+            os.kill(os.getpid(), sweep_module.DRAIN_SIGNAL)
+            assert self._wake.wait(30)  # the main thread's handler has run
+            os.makedirs(self.out_dir(run), exist_ok=True)
+            write_atomic(os.path.join(self.out_dir(run), "summary.json"), json.dumps(
+                {"status": "finished", "iter": 5, "val_loss_full": 3.0, "final_val_loss": 3.0,
+                 "best_val_loss": 3.0}).encode())
+            return 0
+
+    before = signal.getsignal(sweep_module.DRAIN_SIGNAL)
+    sweep = Drained(str(tmp_path / "sweep"), runs, sweep_args(data_dir, "--max_iters=5"))
+    with pytest.raises(Interrupted, match=r"drained by SIGUSR1: the runs it had started have ended, 2 run\(s\) "
+                                          r"are not done; run the same command again") as e:
+        sweep.run(progress=False)
+    assert e.value.signum == sweep_module.DRAIN_SIGNAL and started == [runs[0].name]
+    assert sweep.status(runs[0]) == "finished" and sweep.status(runs[1]) is None
+    assert signal.getsignal(sweep_module.DRAIN_SIGNAL) == before  # the handler is put back
+    later = Drained(str(tmp_path / "next_round"), runs[:1], sweep_args(data_dir, "--max_iters=5"))
+    with pytest.raises(Interrupted, match=r"1 run\(s\) are not done"):
+        later.run(progress=False)
+    assert started == [runs[0].name]
 
 
 def test_long_sweep_run_names_fit_the_filesystem():
