@@ -83,7 +83,7 @@ class Sweep(SweepDir):
     def _execute(self, run: Run, slots: DeviceSlots) -> int | str | None:
         """Claim the run and train it to its end: train.py's exit code; SKIPPED if another process
         claimed or finished it first; None if the sweep was stopped or drained before it started."""
-        if self._stop or self._draining:
+        if self._halting:
             return None
         lock = claim(self.root, run.name)
         if lock.acquire() is not None:
@@ -136,6 +136,11 @@ class Sweep(SweepDir):
     def _draining(self) -> int | None:
         return _drained_by
 
+    @property
+    def _halting(self) -> bool:
+        """Stopped or drained: start no more runs and wait for no other process's."""
+        return bool(self._stop or self._draining)
+
     def _on_drain(self, signum, frame) -> None:
         """The runs in progress train on to their end (their children never see this signal: each
         has its own session); waits for other shards' runs end at once."""
@@ -173,7 +178,7 @@ class Sweep(SweepDir):
         with self._signals_passed_on(), tqdm(total=len(self.runs), desc="runs", unit="run", disable=not progress,
                                               dynamic_ncols=True) as bar:
             batch = self.mine()
-            while not (self._stop or self._draining):
+            while not self._halting:
                 self._train(batch, slots, codes, bar)
                 batch = self._wait_for_others(codes, bar, wait or self.shard is None)
                 if not batch:
@@ -212,7 +217,7 @@ class Sweep(SweepDir):
         """The runs left for this process to take (runs nobody is on whose shard stopped), waiting
         while others train the rest if ``wait``; [] when nothing is left to do or wait for."""
         said = None
-        while not (self._stop or self._draining):
+        while not self._halting:
             pending = [r for r in self.runs if r.name not in codes and self.status(r) not in DONE]
             free = [r for r in pending if self._abandoned(r)]
             if free or not pending or not wait:
