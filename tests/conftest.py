@@ -4,7 +4,16 @@ import subprocess
 import sys
 
 import pytest
-import torch
+
+# One CPU thread for torch, in this process and (through the environment, unless OMP_NUM_THREADS is
+# set already) in every process the tests start: train.py, sweeps, experiments, bench.py. The tests'
+# tiny models gain nothing from a second thread, whose synchronisation only burns CPU: on a 2-core
+# machine with other work on it, the suite takes a fraction of the time (tests/test_faults.py and
+# test_scaleout.py pinned their own processes to one thread for the same reason). Nothing here
+# depends on the thread count; runs compared bit for bit train on one thread on both sides.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402  (after OMP_NUM_THREADS: OpenMP reads it once, when torch loads it)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)

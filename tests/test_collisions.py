@@ -105,7 +105,7 @@ def test_under_torchrun_every_rank_refuses_a_held_directory(rank, tmp_path):
 
 
 @pytest.mark.slow
-def test_second_process_is_refused_while_a_run_trains_and_sigkill_frees_the_lock(data_dir, tmp_path):
+def test_second_process_is_refused_while_a_run_trains_and_sigkill_frees_the_lock(data_dir, tmp_path, capsys):
     """A scratch start and a resume aimed at a live run are both refused, naming its pid, and
     change nothing; the live run is unaffected. A SIGKILLed owner leaves no stale lock."""
     out = tmp_path / "run"
@@ -113,10 +113,9 @@ def test_second_process_is_refused_while_a_run_trains_and_sigkill_frees_the_lock
                                        "--lr_decay_iters=1000"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     wait_until(lambda: os.path.exists(out / "ckpt.pt"), live, "the first checkpoint")
-    for extra in ([], ["--init_from=resume"]):
-        refused = subprocess.run(train_argv(data_dir, out, "--max_iters=10", *extra),
-                                 capture_output=True, text=True, timeout=120)
-        assert_user_error(refused.stderr, refused.returncode, f"is in use by process {live.pid}")
+    for extra in ([], ["--init_from=resume"]):  # the second process: this one, running train.py's main
+        code = cli.run(cli.train_main, train_argv(data_dir, out, "--max_iters=10", *extra)[2:])
+        assert_user_error(capsys.readouterr().err, code, f"is in use by process {live.pid}")
     live.send_signal(signal.SIGTERM)
     _, err = live.communicate(timeout=120)
     assert live.returncode == 143, err  # it was never disturbed: it checkpoints and stops as asked
@@ -133,10 +132,9 @@ def test_second_process_is_refused_while_a_run_trains_and_sigkill_frees_the_lock
     killed.wait()
     assert RunLock(str(out)).holder() is None
     end = s["iter"] + 3
-    resumed = subprocess.run(train_argv(data_dir, out, f"--max_iters={end}", "--eval_interval=5",
-                                        "--lr_decay_iters=1000", "--init_from=resume"),
-                             capture_output=True, text=True, timeout=120)
-    assert resumed.returncode == 0, resumed.stderr
+    assert cli.run(cli.train_main, train_argv(data_dir, out, f"--max_iters={end}", "--eval_interval=5",
+                                              "--lr_decay_iters=1000", "--init_from=resume")[2:]) == 0, \
+        capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -273,7 +271,7 @@ def test_long_sweep_run_names_fit_the_filesystem():
 
 
 @pytest.mark.slow
-def test_sigterm_to_a_sweep_stops_its_child_and_a_restart_resumes_it(data_dir, tmp_path):
+def test_sigterm_to_a_sweep_stops_its_child_and_a_restart_resumes_it(data_dir, tmp_path, capsys):
     root = tmp_path / "sweep"
     base = [f"--set={a[2:]}" for a in sweep_args(data_dir, "--max_iters=100000")]
     argv = [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"), *base,
@@ -295,8 +293,9 @@ def test_sigterm_to_a_sweep_stops_its_child_and_a_restart_resumes_it(data_dir, t
     # Restarted with a budget it can finish: the interrupted run resumes, the other starts.
     stop = s["iter"] + 5
     argv = [a.replace("--set=max_iters=100000", f"--set=max_iters={stop}") for a in argv]
-    again = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 2 and "with other settings (max_iters=" in again.stderr  # max_iters differs
+    capsys.readouterr()
+    code = cli.run(sweep_module.main, argv[2:])  # refused before anything runs: in this process
+    assert code == 2 and "with other settings (max_iters=" in capsys.readouterr().err  # max_iters differs
     # The budget is part of the settings: the same command resumes it.
     argv_same = [a.replace(f"--set=max_iters={stop}", "--set=max_iters=100000") for a in argv]
     resumed = subprocess.Popen(argv_same, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -433,7 +432,7 @@ def test_committed_results_record_their_settings():
 
 
 @pytest.mark.slow
-def test_quick_run_cannot_overwrite_committed_results(data_dir, tmp_path):
+def test_quick_run_cannot_overwrite_committed_results(data_dir, tmp_path, monkeypatch, capsys):
     """exp1 --quick from a checkout writes to results/quick/, and --out at a default-tier
     directory is refused with exit 2 and no change."""
     script = os.path.join(ROOT, "experiments", "exp1_gradient_vanishing.py")
@@ -446,9 +445,12 @@ def test_quick_run_cannot_overwrite_committed_results(data_dir, tmp_path):
                            timeout=300)
     assert quick.returncode == 0, quick.stderr
     assert os.path.exists(tmp_path / "results" / "quick" / "exp1_gradient_vanishing" / "report.md")
-    refused = subprocess.run([sys.executable, script, "--quick", f"--out={committed}"], cwd=tmp_path,
-                             capture_output=True, text=True, timeout=300)
-    assert_user_error(refused.stderr, refused.returncode, "made with other settings", "--overwrite")
+    # The refusal comes before anything is written: the script's main, in this process.
+    from exp1_gradient_vanishing import main
+
+    monkeypatch.chdir(tmp_path)
+    code = cli.run(_common.noting_replaced(main), ["--quick", f"--out={committed}"])
+    assert_user_error(capsys.readouterr().err, code, "made with other settings", "--overwrite")
     after = files_of(tmp_path / "results")
     quick_dir = str(tmp_path / "results" / "quick")
     assert {p: b for p, b in after.items() if not p.startswith(quick_dir)} == before

@@ -118,16 +118,17 @@ def test_resume_under_torchrun_matches_the_uninterrupted_run(ddp_run):
     assert len(resumed["ranks"]) == 2
 
 
-def test_resume_with_another_number_of_processes_is_refused(ddp_run, tmp_path):
+def test_resume_with_another_number_of_processes_is_refused(ddp_run, tmp_path, capsys):
+    """The 2-process run resumed by one process (train.py's main, in this one) is refused."""
     import shutil
+
+    from babygpt import cli
 
     out = tmp_path / "run"
     shutil.copytree(ddp_run["out"], out)
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *ARGS,
-                           f"--data_dir={ddp_run['data_dir']}", f"--out_dir={out}", f"--max_iters={ITERS + 2}",
-                           "--init_from=resume"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "written by 2 process(es), this run has 1" in proc.stderr
+    code = cli.run(cli.train_main, [*ARGS, f"--data_dir={ddp_run['data_dir']}", f"--out_dir={out}",
+                                    f"--max_iters={ITERS + 2}", "--init_from=resume"])
+    assert code == 2 and "written by 2 process(es), this run has 1" in capsys.readouterr().err
 
 
 def test_malformed_torchrun_environment_is_a_one_line_error(tmp_path):

@@ -126,18 +126,23 @@ def test_sweep_runs_skips_finished_resumes_killed_and_reads_divergence(small_swe
 
 
 @pytest.mark.slow
-def test_sweep_cli(data_dir, tmp_path):
+def test_sweep_cli(data_dir, tmp_path, monkeypatch, capsys):
     proc = run_script("experiments/sweep.py", "--grid", "norm_type=layernorm,rmsnorm", "--seeds", "0",
                       "--out", "sw", *[f"--set={a[2:]}" for a in BASE], f"--set=data_dir={data_dir}",
                       "--set=max_iters=5", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert all(r["status"] in COMPLETED for r in read_csv(tmp_path / "sw" / "results.csv"))
-    bad = run_script("experiments/sweep.py", "--grid", "norm_typ=layernorm", cwd=tmp_path)
-    assert bad.returncode == 2 and "unknown config key" in bad.stderr and "Traceback" not in bad.stderr
+    # A bad grid is refused before anything runs (experiments/sweep.py's main, here in this process).
+    from babygpt import cli, sweep
+
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert cli.run(sweep.main, ["--grid", "norm_typ=layernorm"]) == 2
+    assert "unknown config key" in capsys.readouterr().err
 
 
 @pytest.mark.slow
-def test_plot_cli_and_divergence_marker(small_sweep, tmp_path):
+def test_plot_cli_and_divergence_marker(small_sweep, tmp_path, capsys):
     sweep, runs, _ = small_sweep
     assert diverged_at(load_run(sweep.out_dir(runs[1]))) is not None
     assert diverged_at(load_run(sweep.out_dir(runs[0]))) is None
@@ -146,9 +151,12 @@ def test_plot_cli_and_divergence_marker(small_sweep, tmp_path):
                            "--out", "curves.png"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "curves.png").stat().st_size > 0
-    proc = subprocess.run([sys.executable, "-m", "babygpt.plot", str(tmp_path / "nothing")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert proc.returncode == 2 and "no metrics.jsonl" in proc.stderr and "Traceback" not in proc.stderr
+    # A directory without metrics is refused: the same main, in this process.
+    from babygpt import cli, plot
+
+    capsys.readouterr()
+    assert cli.run(plot.main, [str(tmp_path / "nothing")]) == 2
+    assert "no metrics.jsonl" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -500,11 +508,17 @@ def report_rows(report: str, key: str) -> list[list[str]]:
 
 def assert_collect_rewrites_the_same_tables(tmp_path, report, *args):
     """--collect on a finished experiment trains nothing and writes the same tables (but for the
-    time columns); sharded runs are collected the same way (test_scaleout)."""
+    time columns); sharded runs are collected the same way (test_scaleout). (The experiment's main
+    in this process: with nothing to train it starts none.)"""
+    import contextlib
+
+    import exp2_norm_comparison as exp2
+    from babygpt import cli
+
     res = tmp_path / "res"
     kept = {p: p.stat().st_mtime_ns for p in (res / "runs").rglob("*") if p.is_file()}
-    collect = run_script("experiments/exp2_norm_comparison.py", "--quick", "--out=res", *args, "--collect", cwd=tmp_path)
-    assert collect.returncode == 0, collect.stderr[-2000:]
+    with contextlib.chdir(tmp_path):
+        assert cli.run(exp2.main, ["--quick", "--out=res", *args, "--collect"]) == 0
     assert {p: p.stat().st_mtime_ns for p in (res / "runs").rglob("*") if p.is_file()} == kept  # nothing trained
     again = (res / "report.md").read_text()
     for key in ("tuned", "lr_grid", "references"):
@@ -514,7 +528,8 @@ def assert_collect_rewrites_the_same_tables(tmp_path, report, *args):
 
 
 @pytest.mark.slow
-def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr(data_dir, tmp_path, monkeypatch):
+def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr(data_dir, tmp_path, monkeypatch,
+                                                                                  capsys):
     """Quick tier: the LR grid on tuning seeds 0-1, the quarter-decade point beside the best, each
     configuration's best mean, evaluation seeds 2-3 there (and the baseline at its runner-up), paired
     with the baseline; then --full tunes again at its own budget, from the three half-decade points
@@ -579,10 +594,14 @@ def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr
     own_grids = len({tuple(g) for g in full_record["grids"].values()}) > 1
     assert ("the LR sensitivity (which compares configurations over one grid) is left out" in full_report) == own_grids
     assert all((row[4] == "—") == own_grids for row in report_rows(full_report, "tuned")[1:])
-    missing = run_script("experiments/exp2_norm_comparison.py", "--full", "--out=full2", "--tuned_from=nowhere",
-                         f"--data_dir={data_dir}", cwd=tmp_path)
-    assert missing.returncode == 2 and "run the default tier first" in missing.stderr
-    assert "Traceback" not in missing.stderr and not (tmp_path / "full2").exists()
+    # Without the default tier's record --full is refused before anything is written (in this process).
+    from babygpt import cli
+
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    code = cli.run(exp2.main, ["--full", "--out=full2", "--tuned_from=nowhere", f"--data_dir={data_dir}"])
+    assert code == 2 and "run the default tier first" in capsys.readouterr().err
+    assert not (tmp_path / "full2").exists()
 
 
 @pytest.mark.slow
@@ -615,11 +634,16 @@ def test_exp5_norm_speed_quick_mode(data_dir, tmp_path):
     assert "| width | mode | " + " | ".join(impls) + " |" in report
 
 
-@pytest.mark.slow
-def test_exp5_norm_speed_rejects_unmeasured_compile_width(tmp_path):
-    proc = run_script("experiments/exp5_norm_speed.py", "--quick", "--compile_widths=100", cwd=tmp_path)
-    assert proc.returncode == 2 and "--compile_widths must be among" in proc.stderr
-    assert "Traceback" not in proc.stderr and not (tmp_path / "results").exists()
+def test_exp5_norm_speed_rejects_unmeasured_compile_width(tmp_path, monkeypatch, capsys):
+    """Refused before anything is measured or written (the script's main, in this process)."""
+    from babygpt import cli
+
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp5_norm_speed
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.run(exp5_norm_speed.main, ["--quick", "--compile_widths=100"]) == 2
+    assert "--compile_widths must be among" in capsys.readouterr().err and not (tmp_path / "results").exists()
 
 
 def test_sweep_options_report_every_problem_together():

@@ -2,7 +2,6 @@
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -11,12 +10,13 @@ import time
 import pytest
 import torch
 
+from babygpt import cli
 from babygpt.checkpoint import load_checkpoint, save_checkpoint
 from babygpt.config import load_config
 from babygpt.errors import BabyGPTError
 from babygpt.state import COMPLETED
 from babygpt.trainer import Trainer, train
-from conftest import ROOT, TINY_TRAIN_ARGS, NaNAfter, assert_user_error, prepare_small_data, run_script
+from conftest import ROOT, TINY_TRAIN_ARGS, NaNAfter, assert_user_error, prepare_small_data
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +72,15 @@ def wait_for_iter(out_dir, proc, it, timeout=120) -> bool:
     return True
 
 
+def wait_for_checkpoint_write(out_dir, proc, until_iter) -> None:
+    """Until a file is being written atomically in the run directory (a ``.tmp-`` file: the
+    checkpoint after an eval), or the run has logged ``until_iter``, or it has ended. Polls without
+    sleeping: the write takes milliseconds."""
+    while proc.poll() is None and logged_iter(out_dir) < until_iter:
+        if any(f.startswith(".tmp-") for f in os.listdir(out_dir)):
+            return
+
+
 def wait_for_run_start(out_dir, proc, resumes, timeout=60):
     """Until config.json records this process (its setup is done: training starts next)."""
     path = os.path.join(out_dir, "config.json")
@@ -124,28 +133,33 @@ def test_checkpoint_older_than_a_model_field_still_resumes(data_dir, tmp_path):
 
 @pytest.mark.slow
 def test_sigkill_at_random_moments_always_resumes(data_dir, tmp_path):
-    """Kill a run at random points of its progress (mid-step, mid-eval, mid-checkpoint-write); each
+    """Kill a run at points spread over its progress (mid-step, mid-eval, mid-checkpoint-write); each
     time the next run continues from what is on disk, and the final metrics equal an unkilled run's.
-    Each kill waits for a random target iteration to be logged, so the number of kills does not
-    depend on how fast the machine is."""
-    max_iters = 300
+    Each kill waits for its target iteration to be logged, so the number of kills does not depend on
+    how fast the machine is; where in the step, eval or write the SIGKILL lands is up to the moment."""
+    max_iters = 160
     args = [f"--max_iters={max_iters}", "--eval_interval=4", "--eval_iters=1", "--log_interval=2"]
     reference = tmp_path / "reference"
     train(load_config([f"--data_dir={data_dir}", f"--out_dir={reference}", *TINY_TRAIN_ARGS, *args]))
 
     out = tmp_path / "killed"
-    rng = random.Random(0)
+    # One target in each quarter of the run, alternately an eval row (iter % 4 == 0: logged just
+    # before its checkpoint is written; the kill waits for that write to be under way, for at most
+    # two more iterations) and a plain log row (iter % 4 == 2: the kill lands in the steps, or the
+    # eval, that follow). Every one is a kill: the last leaves 34 iterations, 8 checkpoints and the
+    # final evaluation before the run's end.
+    targets = [28, 62, 92, 126]
     kills, resumed_from, half_written = 0, [], 0
-    attempts = 6
-    for attempt in range(attempts):
+    for aim in targets:
         ckpt = out / "ckpt.pt"
         resume = ckpt.exists()
         if resume:
             resumed_from.append(load_checkpoint(str(ckpt))["iter"])  # loadable after every kill
         proc = start_training(out, data_dir, *args, f"--init_from={'resume' if resume else 'scratch'}")
-        # A target in this attempt's sixth of the run, past what is already logged.
-        target = max(logged_iter(out) + 1, int((attempt + rng.random()) * max_iters / attempts))
+        target = max(logged_iter(out) + 1, aim)  # past what is already logged
         started = wait_for_run_start(out, proc, resumes=len(resumed_from)) and wait_for_iter(out, proc, target)
+        if started and aim % 4 == 0:
+            wait_for_checkpoint_write(out, proc, aim + 2)
         if not started or proc.poll() is not None:  # finished before the kill
             assert proc.wait() == 0, proc.communicate()
             break
@@ -183,9 +197,9 @@ def test_signal_saves_checkpoint_and_exits_cleanly(data_dir, tmp_path, sig, code
     assert s["status"] == "interrupted" and s["signal"] == sig.name and s["iter"] > 0
     assert load_checkpoint(str(out / "ckpt.pt"))["iter"] == s["iter"]
     end = s["iter"] + 5
-    resumed = run_script("train.py", f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS,
-                         *fixed, f"--max_iters={end}", "--init_from=resume", cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr
+    # The resume in this process (the interrupted one was a process of its own, signalled as a user would).
+    assert cli.run(cli.train_main, [f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, *fixed,
+                                    f"--max_iters={end}", "--init_from=resume"]) == 0
     assert summary(out)["iter"] == end
     reference = tmp_path / "reference"
     train(load_config([f"--data_dir={data_dir}", f"--out_dir={reference}", *TINY_TRAIN_ARGS, *fixed,
@@ -238,8 +252,6 @@ def test_a_run_without_a_finite_result_is_skipped_out_never_finished(k, in_eval,
 def test_float16_skip_with_a_hopeless_lr_is_skipped_out(data_dir, tmp_path, capsys):
     """The case that once exited 0 as "finished": float16, nonfinite=skip, an LR at which every step
     overflows. It ends with exit 3 and status skipped_out."""
-    from babygpt import cli
-
     out = tmp_path / "run"
     code = cli.run(cli.train_main, [f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS,
                                     "--max_iters=30", "--dtype=float16", "--nonfinite=skip", "--learning_rate=9"])
@@ -318,14 +330,16 @@ def test_compile_failure_falls_back_to_eager(data_dir, tmp_path, monkeypatch, ca
     assert trainer.train()["status"] in COMPLETED
 
 
-@pytest.mark.slow
-def test_real_divergence_exits_3(data_dir, tmp_path):
-    """No norm and an absurd learning rate: the loss overflows within a few steps."""
-    proc = run_script("train.py", f"--data_dir={data_dir}", "--out_dir=out", *TINY_TRAIN_ARGS,
-                      "--norm_type=none", "--learning_rate=1e3", "--min_lr=0", "--grad_clip=0", "--weight_decay=0",
-                      "--warmup_iters=0", "--max_iters=50", "--log_interval=1", cwd=tmp_path)
-    assert proc.returncode == 3, proc.stderr
-    assert "diverged: non-finite loss at iteration" in proc.stderr and "Traceback" not in proc.stderr
+def test_real_divergence_exits_3(data_dir, tmp_path, capsys):
+    """No norm and an absurd learning rate: the loss overflows within a few steps. (train.py's main
+    in this process: its return value is train.py's exit status; a diverging train.py process is
+    test_experiments.py's small_sweep, exit code 3.)"""
+    code = cli.run(cli.train_main, [f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'out'}", *TINY_TRAIN_ARGS,
+                                    "--norm_type=none", "--learning_rate=1e3", "--min_lr=0", "--grad_clip=0",
+                                    "--weight_decay=0", "--warmup_iters=0", "--max_iters=50", "--log_interval=1"])
+    err = capsys.readouterr().err
+    assert code == 3, err
+    assert "diverged: non-finite loss at iteration" in err
     s = summary(tmp_path / "out")
     assert s["status"] == "diverged" and s["diverged_at"] == s["iter"] < 50
     ckpt = load_checkpoint(str(tmp_path / "out" / "ckpt.pt"))
@@ -353,19 +367,20 @@ class _Payload:
         return (open, (self.path, "w"))
 
 
-@pytest.mark.slow
-def test_pickled_code_in_a_checkpoint_never_runs(data_dir, tmp_path):
+def test_pickled_code_in_a_checkpoint_never_runs(data_dir, tmp_path, capsys):
     marker = tmp_path / "PWNED"
     out = tmp_path / "run"
     out.mkdir()
     torch.save({"format": "babygpt-ckpt-v1", "iter": 1, "model": _Payload(str(marker))}, out / "ckpt.pt")
     assert not marker.exists()
 
-    proc = run_script("sample.py", f"--ckpt={out / 'ckpt.pt'}", "--device=cpu", cwd=tmp_path)
-    assert_user_error(proc.stderr, proc.returncode, "refusing to load", "could run code")
-    proc = run_script("train.py", f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS,
-                      "--max_iters=20", "--init_from=resume", cwd=tmp_path)
-    assert_user_error(proc.stderr, proc.returncode, "refusing to load")
+    # sample.py's and train.py's mains in this process: had either unpickled the payload, here or in a
+    # process of its own, the marker would exist.
+    code = cli.run(cli.sample_main, [f"--ckpt={out / 'ckpt.pt'}", "--device=cpu"])
+    assert_user_error(capsys.readouterr().err, code, "refusing to load", "could run code")
+    code = cli.run(cli.train_main, [f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS,
+                                    "--max_iters=20", "--init_from=resume"])
+    assert_user_error(capsys.readouterr().err, code, "refusing to load")
     assert not marker.exists()
     with pytest.raises(BabyGPTError):
         load_checkpoint(str(out / "ckpt.pt"))
