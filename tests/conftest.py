@@ -97,3 +97,16 @@ def assert_user_error(stderr: str, returncode: int, *fragments):
     assert lines and all(line.startswith("error: ") for line in lines), stderr
     for fragment in fragments:
         assert fragment in stderr, (fragment, stderr)
+
+
+def assert_refused_in_process(main, argv, capsys, *fragments) -> str:
+    """A script's ``main`` run in this process through babygpt.cli.run, as the script itself runs it,
+    refused as a user error (assert_user_error); returns its stderr. For tests where the refusal, not
+    the process, is under test: no interpreter to start, and a failure shows this test's traceback."""
+    from babygpt import cli
+
+    capsys.readouterr()  # what earlier steps printed is not this refusal's
+    code = cli.run(main, list(argv))
+    err = capsys.readouterr().err
+    assert_user_error(err, code, *fragments)
+    return err

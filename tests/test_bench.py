@@ -5,7 +5,7 @@ import json
 import pytest
 
 from babygpt.bench import NOT_USED
-from conftest import TINY_TRAIN_ARGS, prepare_small_data, run_script
+from conftest import TINY_TRAIN_ARGS, assert_refused_in_process, prepare_small_data, run_script
 
 pytestmark = pytest.mark.slow  # runs bench.py as a process
 
@@ -35,11 +35,9 @@ def test_bench_bad_flag(tmp_path, monkeypatch, capsys):
     """Refused before anything runs: bench.py's main through babygpt.cli.run, as bench.py calls it,
     in this process (bench.py itself runs as a process above)."""
     from babygpt.bench import main
-    from babygpt.cli import run
 
     monkeypatch.chdir(tmp_path)
-    assert run(main, ["--windows=many"]) == 2
-    assert "windows must be an integer, got 'many'" in capsys.readouterr().err
+    assert_refused_in_process(main, ["--windows=many"], capsys, "windows must be an integer, got 'many'")
 
 
 def test_the_table_names_each_emulated_dtype():

@@ -20,7 +20,7 @@ from babygpt.files import write_atomic
 from babygpt.rundir import RunDir, RunLock, owned
 from babygpt.sweep import MAX_NAME, Run, Sweep
 from babygpt.trainer import train
-from conftest import ROOT, TINY_TRAIN_ARGS, assert_user_error, prepare_small_data
+from conftest import ROOT, TINY_TRAIN_ARGS, assert_refused_in_process, prepare_small_data
 
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import _common  # noqa: E402
@@ -114,8 +114,8 @@ def test_second_process_is_refused_while_a_run_trains_and_sigkill_frees_the_lock
                             text=True)
     wait_until(lambda: os.path.exists(out / "ckpt.pt"), live, "the first checkpoint")
     for extra in ([], ["--init_from=resume"]):  # the second process: this one, running train.py's main
-        code = cli.run(cli.train_main, train_argv(data_dir, out, "--max_iters=10", *extra)[2:])
-        assert_user_error(capsys.readouterr().err, code, f"is in use by process {live.pid}")
+        assert_refused_in_process(cli.train_main, train_argv(data_dir, out, "--max_iters=10", *extra)[2:], capsys,
+                                  f"is in use by process {live.pid}")
     live.send_signal(signal.SIGTERM)
     _, err = live.communicate(timeout=120)
     assert live.returncode == 143, err  # it was never disturbed: it checkpoints and stops as asked
@@ -293,9 +293,8 @@ def test_sigterm_to_a_sweep_stops_its_child_and_a_restart_resumes_it(data_dir, t
     # Restarted with a budget it can finish: the interrupted run resumes, the other starts.
     stop = s["iter"] + 5
     argv = [a.replace("--set=max_iters=100000", f"--set=max_iters={stop}") for a in argv]
-    capsys.readouterr()
-    code = cli.run(sweep_module.main, argv[2:])  # refused before anything runs: in this process
-    assert code == 2 and "with other settings (max_iters=" in capsys.readouterr().err  # max_iters differs
+    # Refused before anything runs (in this process): max_iters differs.
+    assert_refused_in_process(sweep_module.main, argv[2:], capsys, "with other settings (max_iters=")
     # The budget is part of the settings: the same command resumes it.
     argv_same = [a.replace(f"--set=max_iters={stop}", "--set=max_iters=100000") for a in argv]
     resumed = subprocess.Popen(argv_same, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -405,8 +404,8 @@ def test_an_error_exit_with_overwrite_changes_no_byte_and_no_mtime(name, bad, da
         os.utime(path, ns=(1, 1))
     before = files_of(out)
     module = importlib.import_module(name)
-    code = cli.run(module.main, ["--quick", f"--out={out}", f"--data_dir={data_dir}", "--overwrite", *bad])
-    assert_user_error(capsys.readouterr().err, code, bad[0].split("=")[0][2:])
+    assert_refused_in_process(module.main, ["--quick", f"--out={out}", f"--data_dir={data_dir}", "--overwrite", *bad],
+                              capsys, bad[0].split("=")[0][2:])
     assert files_of(out) == before and {os.stat(p).st_mtime_ns for p in before} == {1}
     assert sorted(os.listdir(tmp_path)) == ["out"]  # nothing aside, nothing new
 
@@ -449,8 +448,8 @@ def test_quick_run_cannot_overwrite_committed_results(data_dir, tmp_path, monkey
     from exp1_gradient_vanishing import main
 
     monkeypatch.chdir(tmp_path)
-    code = cli.run(_common.noting_replaced(main), ["--quick", f"--out={committed}"])
-    assert_user_error(capsys.readouterr().err, code, "made with other settings", "--overwrite")
+    assert_refused_in_process(_common.noting_replaced(main), ["--quick", f"--out={committed}"], capsys,
+                              "made with other settings", "--overwrite")
     after = files_of(tmp_path / "results")
     quick_dir = str(tmp_path / "results" / "quick")
     assert {p: b for p, b in after.items() if not p.startswith(quick_dir)} == before
@@ -482,9 +481,8 @@ def test_full_disk_mid_run_is_one_error_line_and_the_run_stays_resumable(data_di
         return real_replace(src, dst)
     monkeypatch.setattr(os, "replace", replace)
     argv = [f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=30"]
-    code = cli.run(cli.train_main, argv)
-    assert_user_error(capsys.readouterr().err, code, "No space left on device", "free some disk space",
-                      "ckpt.pt is unchanged")
+    assert_refused_in_process(cli.train_main, argv, capsys, "No space left on device", "free some disk space",
+                              "ckpt.pt is unchanged")
     monkeypatch.setattr(os, "replace", real_replace)
     assert RunLock(str(out)).holder() is None
     assert cli.run(cli.train_main, [*argv, "--init_from=resume"]) == 0  # from the first checkpoint
@@ -510,8 +508,7 @@ def test_read_only_location_for_a_write_is_one_error_line(tmp_path, monkeypatch)
 def test_cli_reports_resource_errors_without_a_traceback(error, fragment, capsys):
     def main(argv):
         raise error
-    code = cli.run(main, [])
-    assert_user_error(capsys.readouterr().err, code, fragment)
+    assert_refused_in_process(main, [], capsys, fragment)
 
 
 @pytest.mark.parametrize("error", [OSError(errno.ECONNRESET, "Connection reset"), RuntimeError("a bug")])
@@ -629,9 +626,7 @@ def text_options(name):
 def test_an_empty_option_value_is_refused_not_read_as_absent(name, option, capsys):
     import importlib
 
-    code = cli.run(importlib.import_module(name).main, ["--quick", f"--{option}="])
-    err = capsys.readouterr().err
-    assert_user_error(err, code)
+    err = assert_refused_in_process(importlib.import_module(name).main, ["--quick", f"--{option}="], capsys)
     assert f"--{option} is empty" in err or "''" in err  # (or refused by the option's own check)
 
 

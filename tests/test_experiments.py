@@ -15,7 +15,7 @@ from babygpt.errors import BabyGPTError
 from babygpt.plot import diverged_at, load_run
 from babygpt.state import COMPLETED
 from babygpt.sweep import DONE, Run, Sweep, grid
-from conftest import ROOT, TINY_TRAIN_ARGS, assert_user_error, prepare_small_data, run_script
+from conftest import ROOT, TINY_TRAIN_ARGS, assert_refused_in_process, prepare_small_data, run_script
 
 BASE = [a for a in TINY_TRAIN_ARGS if not a.startswith("--device")]
 
@@ -133,12 +133,10 @@ def test_sweep_cli(data_dir, tmp_path, monkeypatch, capsys):
     assert proc.returncode == 0, proc.stderr
     assert all(r["status"] in COMPLETED for r in read_csv(tmp_path / "sw" / "results.csv"))
     # A bad grid is refused before anything runs (experiments/sweep.py's main, here in this process).
-    from babygpt import cli, sweep
+    from babygpt import sweep
 
     monkeypatch.chdir(tmp_path)
-    capsys.readouterr()
-    assert cli.run(sweep.main, ["--grid", "norm_typ=layernorm"]) == 2
-    assert "unknown config key" in capsys.readouterr().err
+    assert_refused_in_process(sweep.main, ["--grid", "norm_typ=layernorm"], capsys, "unknown config key")
 
 
 @pytest.mark.slow
@@ -152,11 +150,9 @@ def test_plot_cli_and_divergence_marker(small_sweep, tmp_path, capsys):
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "curves.png").stat().st_size > 0
     # A directory without metrics is refused: the same main, in this process.
-    from babygpt import cli, plot
+    from babygpt import plot
 
-    capsys.readouterr()
-    assert cli.run(plot.main, [str(tmp_path / "nothing")]) == 2
-    assert "no metrics.jsonl" in capsys.readouterr().err
+    assert_refused_in_process(plot.main, [str(tmp_path / "nothing")], capsys, "no metrics.jsonl")
 
 
 @pytest.mark.slow
@@ -283,9 +279,7 @@ def test_proxy_ranks_the_shared_configurations_and_marks_verdicts_that_flip(tmp_
     assert cli.run(exp12.main, ["--tiers=short+more,long", "--out=joined"]) == 0
     rows = {row[0]: row for row in report_rows((tmp_path / "joined" / "report.md").read_text(), "ranking")[1:]}
     assert rows["a"][1] == "4 (2.200) worse" and "d" not in rows
-    capsys.readouterr()
-    code = cli.run(exp12.main, ["--tiers=short,nowhere", "--out=p2"])
-    assert_user_error(capsys.readouterr().err, code, "nowhere/report.md not found")
+    assert_refused_in_process(exp12.main, ["--tiers=short,nowhere", "--out=p2"], capsys, "nowhere/report.md not found")
     assert not (tmp_path / "p2").exists()
 
 
@@ -595,12 +589,9 @@ def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr
     assert ("the LR sensitivity (which compares configurations over one grid) is left out" in full_report) == own_grids
     assert all((row[4] == "—") == own_grids for row in report_rows(full_report, "tuned")[1:])
     # Without the default tier's record --full is refused before anything is written (in this process).
-    from babygpt import cli
-
     monkeypatch.chdir(tmp_path)
-    capsys.readouterr()
-    code = cli.run(exp2.main, ["--full", "--out=full2", "--tuned_from=nowhere", f"--data_dir={data_dir}"])
-    assert code == 2 and "run the default tier first" in capsys.readouterr().err
+    assert_refused_in_process(exp2.main, ["--full", "--out=full2", "--tuned_from=nowhere", f"--data_dir={data_dir}"],
+                              capsys, "run the default tier first")
     assert not (tmp_path / "full2").exists()
 
 
@@ -636,14 +627,13 @@ def test_exp5_norm_speed_quick_mode(data_dir, tmp_path):
 
 def test_exp5_norm_speed_rejects_unmeasured_compile_width(tmp_path, monkeypatch, capsys):
     """Refused before anything is measured or written (the script's main, in this process)."""
-    from babygpt import cli
-
     monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
     import exp5_norm_speed
 
     monkeypatch.chdir(tmp_path)
-    assert cli.run(exp5_norm_speed.main, ["--quick", "--compile_widths=100"]) == 2
-    assert "--compile_widths must be among" in capsys.readouterr().err and not (tmp_path / "results").exists()
+    assert_refused_in_process(exp5_norm_speed.main, ["--quick", "--compile_widths=100"], capsys,
+                              "--compile_widths must be among")
+    assert not (tmp_path / "results").exists()
 
 
 def test_sweep_options_report_every_problem_together():
