@@ -1,13 +1,12 @@
 """The training loop: AdamW, warmup + cosine schedule, clipping, evals, metrics, checkpoints.
 
 Reading order: ``lr_at`` and ``estimate_loss``, then ``Trainer``: ``__init__`` builds the run in
-memory, ``train`` -> ``_loop`` -> ``step`` trains, ``_evaluate_and_checkpoint`` evaluates and saves.
+memory, ``train`` -> ``_loop`` -> ``step`` (update.py) trains, ``_evaluate_and_checkpoint`` evaluates and saves.
 What lands in ``out_dir`` is described in rundir.py; the state a resume restores in state.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import math
@@ -27,13 +26,14 @@ from .checkpoint import pack_training_state, restore_rng, resume_training_state,
 from .config import TrainConfig, changed_settings, to_dict, with_resolved_dtype
 from .data import BatchSampler, CharTokenizer, load_dataset
 from .diagnostics import NO_HOOK, LayerDiagnostics, StepHook
-from .model import GPT, GPTConfig, log_partition
+from .model import GPT, GPTConfig
 from .ngram import data_floors, is_collapsed
 from .rundir import RunDir, owned, run_record
 from .runtime import autocast, check_dtype, dtype_note, machine, resolve_device, uses_grad_scaler
 from .signals import StopSignals
 from .tracker import TensorBoardTracker
 from .state import TrainState, finite_or_none
+from .update import OptimizerStep
 
 # Eval windows are drawn from this one seed, so that every run on the same data, block_size and
 # batch_size scores the same text; it lies outside the training seeds (seed + 2 * rank, seed < 2**32),
@@ -194,6 +194,24 @@ def resume_changes(run_dir: RunDir, cfg: TrainConfig) -> str | None:
             f"the new values (give the earlier ones as --key=value to keep them)")
 
 
+def announce(cfg: TrainConfig, device: torch.device, dist: distributed.Dist, num_params: int,
+             resumed_at: int | None, changes: str | None, ckpt: str) -> None:
+    """What rank 0 prints as a run starts: the schedule's warnings, where a resume starts and what
+    it changed, the dtype's warning, then one line with device, dtype, size and out_dir."""
+    for warning in cfg.schedule_warnings():
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    if resumed_at is not None:
+        print(f"resuming from iteration {resumed_at} of {cfg.max_iters} ({ckpt})", flush=True)
+    if changes:
+        print(f"warning: {changes}", file=sys.stderr, flush=True)
+    ranks = f" x {dist.world_size} processes" if dist.enabled else ""
+    native, warning = dtype_note(device, cfg.dtype)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    print(f"training on {device}{ranks} in {cfg.dtype}{native}, {num_params / 1e6:.2f}M parameters, "
+          f"into {cfg.out_dir}", flush=True)
+
+
 class LossWindow:
     """The per-step losses since the last metrics row, left on the device: reading them is a
     host-device sync, made once per row instead of once per step."""
@@ -272,8 +290,10 @@ class Trainer:
             eps=cfg.adam_eps)
         # Loss scaling is needed only for float16 (its narrow exponent range underflows small gradients).
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=uses_grad_scaler(cfg.dtype))
-        # net: what forward passes go through; _train_net adds DDP's gradient averaging.
-        self.net, self._train_net = forward_modules(self.model, cfg, self.device, self.dist, wrap_model)
+        # net: what forward passes go through; the step's train_net adds DDP's gradient averaging.
+        self.net, train_net = forward_modules(self.model, cfg, self.device, self.dist, wrap_model)
+        self._step = OptimizerStep(cfg, self.model, train_net, self.optimizer, self.scaler, self.state, self.dist,
+                                   self.device)
         # Measured on rank 0 only: it alone writes metrics.
         self.diagnostics = LayerDiagnostics(self.model) if cfg.diag_interval and self.main else None
         self._clock = 0.0  # perf_counter() at which this run's elapsed time would have been 0
@@ -310,7 +330,7 @@ class Trainer:
             # group and the interpreter are alive, rather than at interpreter exit after the group
             # is gone (where gloo can abort the process). Whoever owns the group: a caller that
             # ends the group itself (tests/ddp_worker.py) needs it freed just the same.
-            self._train_net = self.net
+            self._step.train_net = self.net
             gc.collect()
         if self._owns_group:
             distributed.shutdown()
@@ -332,23 +352,12 @@ class Trainer:
         if cfg.tensorboard and self.main:
             self.run_dir.mirror = TensorBoardTracker(self.run_dir.path, resumed_at)
         if self.main:
-            for warning in cfg.schedule_warnings():
-                print(f"warning: {warning}", file=sys.stderr, flush=True)
-            if resumed_at is not None:
-                print(f"resuming from iteration {resumed_at} of {cfg.max_iters} ({self.run_dir.ckpt})", flush=True)
-            if changes:
-                print(f"warning: {changes}", file=sys.stderr, flush=True)
-            ranks = f" x {self.dist.world_size} processes" if self.dist.enabled else ""
-            native, warning = dtype_note(self.device, cfg.dtype)
-            if warning:
-                print(f"warning: {warning}", file=sys.stderr, flush=True)
-            print(f"training on {self.device}{ranks} in {cfg.dtype}{native}, {self.model.num_params() / 1e6:.2f}M "
-                  f"parameters, into {cfg.out_dir}", flush=True)
+            announce(cfg, self.device, self.dist, self.model.num_params(), resumed_at, changes, self.run_dir.ckpt)
         self._clock = time.perf_counter() - self.state.elapsed_s
         if self.state.pending_rng is not None:  # after everything that draws random numbers
             restore_rng(self.state.pending_rng, self.device)
             self.state.pending_rng = None
-        self._train_net.train()
+        self._step.train_net.train()
         with StopSignals() as stop:
             status, signum = self._loop(stop)
         self.state.elapsed_s = self._elapsed()
@@ -424,52 +433,9 @@ class Trainer:
         return "finished", None
 
     def step(self, lr: float, hook: StepHook = NO_HOOK) -> torch.Tensor:
-        """One optimizer step (with gradient accumulation); returns the step's mean loss,
-        detached and left on the device so that no host-device sync happens here.
-        ``hook`` observes the step's moments (per-layer diagnostics)."""
-        cfg = self.cfg
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        step_loss = torch.zeros((), device=self.device)
-        for micro in range(cfg.gradient_accumulation_steps):
-            x, y = self.state.sampler.next_batch()  # (B, T) each
-            # DDP averages gradients across ranks during backward; accumulate locally and
-            # communicate once, on the last micro-step.
-            last = micro == cfg.gradient_accumulation_steps - 1
-            with contextlib.nullcontext() if last or not self.dist.enabled else self._train_net.no_sync():
-                with autocast(self.device, cfg.dtype):
-                    logits, loss = self._train_net(x, y)
-                objective = loss + cfg.z_loss * log_partition(logits).pow(2).mean() if cfg.z_loss else loss
-                step_loss += loss.detach() / cfg.gradient_accumulation_steps  # cross-entropy only
-                self.scaler.scale(objective / cfg.gradient_accumulation_steps).backward()
-        hook.after_backward(x)
-        self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the loss-scaled ones
-        hook.after_unscale()
-        grad_norm = torch.zeros((), device=self.device)
-        if cfg.grad_clip > 0 or cfg.nonfinite == "skip":
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                self.model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-        # With a GradScaler, inf gradients are routine (the scale is too high) and the scaler
-        # skips those steps itself; nonfinite=skip then acts on the loss alone.
-        check = step_loss if self.scaler.is_enabled() else step_loss + grad_norm
-        # The loss is per rank: summed over ranks, every rank takes the same decision.
-        if cfg.nonfinite == "skip" and not torch.isfinite(self.dist.sum(check.clone())):  # syncs: skip mode only
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scaler.update()
-            self.state.skipped_steps += 1
-            return step_loss
-        hook.before_update()
-        if self.scaler.is_enabled():
-            scale = self.scaler.get_scale()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            self.state.scaler_skipped_steps += int(self.scaler.get_scale() < scale)  # the scale drops on a skip
-        else:
-            self.optimizer.step()
-        self.model.after_step()  # nGPT puts its matrices back on the sphere; nothing for the others
-        hook.after_update()
-        self.optimizer.zero_grad(set_to_none=True)
-        return step_loss
+        """One optimizer step at ``lr`` (update.OptimizerStep); returns the step's mean loss, detached
+        and left on the device. bench.py times this."""
+        return self._step(lr, hook)
 
     def _evaluate_and_checkpoint(self, row: dict) -> bool:
         """Evaluate, log ``row`` with the eval losses, then checkpoint. Returns False if the

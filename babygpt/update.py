@@ -1,0 +1,78 @@
+"""One optimizer step of a training run: forward and backward over the gradient-accumulation
+micro-batches, the loss scaler, clipping, the non-finite policy, the AdamW update.
+
+Trainer (trainer.py) builds one OptimizerStep and calls it once an iteration; bench.py times it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn as nn
+
+from . import distributed
+from .config import TrainConfig
+from .diagnostics import NO_HOOK, StepHook
+from .model import GPT, log_partition
+from .runtime import autocast
+from .state import TrainState
+
+
+class OptimizerStep:
+    """The Trainer's step, over the Trainer's own objects (nothing is copied): ``train_net`` is the
+    module the training forward goes through (DDP around the model under torchrun), ``state``
+    supplies the batches and counts the skipped steps, so that a checkpoint carries them."""
+
+    def __init__(self, cfg: TrainConfig, model: GPT, train_net: nn.Module, optimizer: torch.optim.Optimizer,
+                 scaler: torch.amp.GradScaler, state: TrainState, dist: distributed.Dist, device: torch.device):
+        self.cfg, self.model, self.train_net = cfg, model, train_net
+        self.optimizer, self.scaler, self.state = optimizer, scaler, state
+        self.dist, self.device = dist, device
+
+    def __call__(self, lr: float, hook: StepHook = NO_HOOK) -> torch.Tensor:
+        """One step at ``lr``; returns the step's mean loss, detached and left on the device so that
+        no host-device sync happens here. ``hook`` observes the step's moments (per-layer diagnostics)."""
+        cfg = self.cfg
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        step_loss = torch.zeros((), device=self.device)
+        for micro in range(cfg.gradient_accumulation_steps):
+            x, y = self.state.sampler.next_batch()  # (B, T) each
+            # DDP averages gradients across ranks during backward; accumulate locally and
+            # communicate once, on the last micro-step.
+            last = micro == cfg.gradient_accumulation_steps - 1
+            with contextlib.nullcontext() if last or not self.dist.enabled else self.train_net.no_sync():
+                with autocast(self.device, cfg.dtype):
+                    logits, loss = self.train_net(x, y)
+                objective = loss + cfg.z_loss * log_partition(logits).pow(2).mean() if cfg.z_loss else loss
+                step_loss += loss.detach() / cfg.gradient_accumulation_steps  # cross-entropy only
+                self.scaler.scale(objective / cfg.gradient_accumulation_steps).backward()
+        hook.after_backward(x)
+        self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the loss-scaled ones
+        hook.after_unscale()
+        grad_norm = torch.zeros((), device=self.device)
+        if cfg.grad_clip > 0 or cfg.nonfinite == "skip":
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        # With a GradScaler, inf gradients are routine (the scale is too high) and the scaler
+        # skips those steps itself; nonfinite=skip then acts on the loss alone.
+        check = step_loss if self.scaler.is_enabled() else step_loss + grad_norm
+        # The loss is per rank: summed over ranks, every rank takes the same decision.
+        if cfg.nonfinite == "skip" and not torch.isfinite(self.dist.sum(check.clone())):  # syncs: skip mode only
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.update()
+            self.state.skipped_steps += 1
+            return step_loss
+        hook.before_update()
+        if self.scaler.is_enabled():
+            scale = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.state.scaler_skipped_steps += int(self.scaler.get_scale() < scale)  # the scale drops on a skip
+        else:
+            self.optimizer.step()
+        self.model.after_step()  # nGPT puts its matrices back on the sphere; nothing for the others
+        hook.after_update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return step_loss
