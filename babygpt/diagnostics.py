@@ -64,8 +64,8 @@ SIGNED = ("removal_loss_delta",)  # may be negative: drawn on a linear scale
 
 
 class StepHook:
-    """What an optimizer step tells an observer, in the order it happens (Trainer.step calls
-    each once per step); this base class ignores it all, so an unobserved step costs nothing."""
+    """What an optimizer step tells an observer, in the order it happens (update.OptimizerStep
+    calls each once per step); this base class ignores it all, so an unobserved step costs nothing."""
 
     def after_backward(self, idx: torch.Tensor) -> None:
         """Gradients are accumulated; ``idx`` (B, T) is the step's last micro-batch."""

@@ -1,7 +1,9 @@
-"""The training loop: AdamW, warmup + cosine schedule, clipping, evals, metrics, checkpoints.
+"""The training loop: warmup + cosine schedule, evals, metrics, checkpoints, around the optimizer
+step of update.py (AdamW, clipping, the loss scaler).
 
 Reading order: ``lr_at`` and ``estimate_loss``, then ``Trainer``: ``__init__`` builds the run in
-memory, ``train`` -> ``_loop`` -> ``step`` (update.py) trains, ``_evaluate_and_checkpoint`` evaluates and saves.
+memory, ``train`` -> ``_loop`` -> ``step`` trains (update.OptimizerStep), ``_evaluate_and_checkpoint``
+evaluates and saves.
 What lands in ``out_dir`` is described in rundir.py; the state a resume restores in state.py.
 """
 

@@ -20,7 +20,7 @@ from babygpt.distributed import Dist
 from babygpt.model import GPT
 from babygpt.state import COMPLETED
 from babygpt.trainer import lr_at
-from conftest import ROOT, TINY_TRAIN_ARGS, prepare_small_data
+from conftest import ROOT, TINY_TRAIN_ARGS, assert_refused_in_process, prepare_small_data
 
 pytestmark = [pytest.mark.slow,  # every test here starts processes
               pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")]
@@ -126,9 +126,9 @@ def test_resume_with_another_number_of_processes_is_refused(ddp_run, tmp_path, c
 
     out = tmp_path / "run"
     shutil.copytree(ddp_run["out"], out)
-    code = cli.run(cli.train_main, [*ARGS, f"--data_dir={ddp_run['data_dir']}", f"--out_dir={out}",
-                                    f"--max_iters={ITERS + 2}", "--init_from=resume"])
-    assert code == 2 and "written by 2 process(es), this run has 1" in capsys.readouterr().err
+    assert_refused_in_process(cli.train_main, [*ARGS, f"--data_dir={ddp_run['data_dir']}", f"--out_dir={out}",
+                                               f"--max_iters={ITERS + 2}", "--init_from=resume"], capsys,
+                              "written by 2 process(es), this run has 1")
 
 
 def test_malformed_torchrun_environment_is_a_one_line_error(tmp_path):
