@@ -50,6 +50,72 @@ DRAIN_SIGNAL = getattr(signal, "SIGUSR1", None)
 _drained_by: int | None = None
 
 
+class SignalRelay:
+    """A sweep's signals. SIGINT or SIGTERM is remembered (``stop``) and passed on, once, to each
+    train.py in progress, which checkpoints and stops; DRAIN_SIGNAL is remembered for the whole
+    process (``draining``) and never reaches the children. Either wakes ``wake``'s waiters at once."""
+
+    def __init__(self):
+        self.stop: int | None = None  # the signal the sweep was asked to stop by
+        self.wake = threading.Event()
+        self._children: dict[int, subprocess.Popen] = {}  # pid -> running train.py
+        self._signalled: dict[int, object] = {}  # pids already sent the stop signal (once each)
+
+    @property
+    def draining(self) -> int | None:
+        return _drained_by
+
+    @property
+    def halting(self) -> bool:
+        """Stopped or drained: start no more runs and wait for no other process's."""
+        return bool(self.stop or self.draining)
+
+    @contextmanager
+    def installed(self):
+        """The handlers, for the duration (signals reach the main thread only)."""
+        handling = threading.current_thread() is threading.main_thread()
+        handlers = {signal.SIGINT: self._on_stop, signal.SIGTERM: self._on_stop}
+        if DRAIN_SIGNAL is not None:
+            handlers[DRAIN_SIGNAL] = self._on_drain
+        previous = {s: signal.signal(s, h) for s, h in handlers.items()} if handling else {}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    @contextmanager
+    def watching(self, child: subprocess.Popen):
+        """``child`` gets the stop signal while it runs, also one that came while it was starting."""
+        self._children[child.pid] = child
+        try:
+            if self.stop:
+                self._pass_on(child, self.stop)
+            yield
+        finally:
+            del self._children[child.pid]
+
+    def _pass_on(self, child: subprocess.Popen, signum: int) -> None:
+        """Send ``signum`` to ``child`` unless it was sent one already (by the handler or by the
+        worker thread that started it: setdefault decides atomically which of them sends)."""
+        token = object()
+        if self._signalled.setdefault(child.pid, token) is token and child.poll() is None:
+            child.send_signal(signum)
+
+    def _on_stop(self, signum, frame) -> None:
+        self.stop = self.stop or signum
+        self.wake.set()
+        for child in list(self._children.values()):
+            self._pass_on(child, self.stop)
+
+    def _on_drain(self, signum, frame) -> None:
+        """The runs in progress train on to their end (their children never see this signal: each
+        has its own session); waits for other shards' runs end at once."""
+        global _drained_by
+        _drained_by = signum
+        self.wake.set()
+
+
 class Sweep(SweepDir):
     """Runs a sweep's runs: ``jobs`` train.py at a time, only ``shard``'s slice (then what stopped
     shards left), each on its own GPU where there are GPUs; or (``collect``) none."""
@@ -61,10 +127,7 @@ class Sweep(SweepDir):
         super().__init__(root, runs, base_args)
         self.jobs = jobs
         self.shard, self.gpus, self.collect = shard, gpus, collect
-        self._stop: int | None = None  # the signal the sweep was asked to stop by
-        self._wake = threading.Event()  # set by that signal, to end a wait at once
-        self._children: dict[int, subprocess.Popen] = {}  # pid -> running train.py
-        self._signalled: dict[int, object] = {}  # pids already sent the stop signal (once each)
+        self.signals = SignalRelay()
         self.exit_codes: dict[str, int] = {}
 
     def check(self, on_disk: bool = True) -> None:
@@ -83,7 +146,7 @@ class Sweep(SweepDir):
     def _execute(self, run: Run, slots: DeviceSlots) -> int | str | None:
         """Claim the run and train it to its end: train.py's exit code; SKIPPED if another process
         claimed or finished it first; None if the sweep was stopped or drained before it started."""
-        if self._halting:
+        if self.signals.halting:
             return None
         lock = claim(self.root, run.name)
         if lock.acquire() is not None:
@@ -111,55 +174,8 @@ class Sweep(SweepDir):
             # once (a second signal would make train.py die at once, without its checkpoint).
             child = subprocess.Popen(self._command(run), stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-            self._children[child.pid] = child
-            try:
-                if self._stop:  # the signal came while it was starting
-                    self._pass_on(child, self._stop)
+            with self.signals.watching(child):
                 return child.wait()
-            finally:
-                del self._children[child.pid]
-
-    def _pass_on(self, child: subprocess.Popen, signum: int) -> None:
-        """Send ``signum`` to ``child`` unless it was sent one already (by the handler or by the
-        worker thread that started it: setdefault decides atomically which of them sends)."""
-        token = object()
-        if self._signalled.setdefault(child.pid, token) is token and child.poll() is None:
-            child.send_signal(signum)
-
-    def _on_signal(self, signum, frame) -> None:
-        self._stop = self._stop or signum
-        self._wake.set()
-        for child in list(self._children.values()):
-            self._pass_on(child, self._stop)
-
-    @property
-    def _draining(self) -> int | None:
-        return _drained_by
-
-    @property
-    def _halting(self) -> bool:
-        """Stopped or drained: start no more runs and wait for no other process's."""
-        return bool(self._stop or self._draining)
-
-    def _on_drain(self, signum, frame) -> None:
-        """The runs in progress train on to their end (their children never see this signal: each
-        has its own session); waits for other shards' runs end at once."""
-        global _drained_by
-        _drained_by = signum
-        self._wake.set()
-
-    @contextmanager
-    def _signals_passed_on(self):
-        handling = threading.current_thread() is threading.main_thread()
-        handlers = {signal.SIGINT: self._on_signal, signal.SIGTERM: self._on_signal}
-        if DRAIN_SIGNAL is not None:
-            handlers[DRAIN_SIGNAL] = self._on_drain
-        previous = {s: signal.signal(s, h) for s, h in handlers.items()} if handling else {}
-        try:
-            yield
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
 
     def run(self, progress: bool = True, wait: bool = True) -> list[dict] | None:
         """Check everything, run what is not done yet, then write and return the results rows.
@@ -175,21 +191,22 @@ class Sweep(SweepDir):
         self.bind()
         slots = DeviceSlots(pinned_gpus(self.gpus, visible_gpus()), self.jobs)
         codes = self.exit_codes = {}  # train.py's exit code, by run, of the runs trained here
-        with self._signals_passed_on(), tqdm(total=len(self.runs), desc="runs", unit="run", disable=not progress,
+        with self.signals.installed(), tqdm(total=len(self.runs), desc="runs", unit="run", disable=not progress,
                                               dynamic_ncols=True) as bar:
             batch = self.mine()
-            while not self._halting:
+            while not self.signals.halting:
                 self._train(batch, slots, codes, bar)
                 batch = self._wait_for_others(codes, bar, wait or self.shard is None)
                 if not batch:
                     break
-        if self._stop:
-            stopped = sum(1 for code in codes.values() if code == 128 + self._stop)
-            raise Interrupted(self._stop, f"sweep stopped by {signal_name(self._stop)}: {stopped} run(s) in "
+        stop, drain = self.signals.stop, self.signals.draining
+        if stop:
+            stopped = sum(1 for code in codes.values() if code == 128 + stop)
+            raise Interrupted(stop, f"sweep stopped by {signal_name(stop)}: {stopped} run(s) in "
                                           f"progress saved a checkpoint; run the same command again to resume")
-        left = [r for r in self.runs if self.status(r) not in DONE] if self._draining else []
+        left = [r for r in self.runs if self.status(r) not in DONE] if drain else []
         if left:
-            raise Interrupted(self._draining, f"sweep drained by {signal_name(self._draining)}: the runs it had "
+            raise Interrupted(drain, f"sweep drained by {signal_name(drain)}: the runs it had "
                                               f"started have ended, {len(left)} run(s) are not done; run the "
                                               f"same command again to train them")
         if self.shard is not None and not wait:
@@ -217,7 +234,7 @@ class Sweep(SweepDir):
         """The runs left for this process to take (runs nobody is on whose shard stopped), waiting
         while others train the rest if ``wait``; [] when nothing is left to do or wait for."""
         said = None
-        while not self._halting:
+        while not self.signals.halting:
             pending = [r for r in self.runs if r.name not in codes and self.status(r) not in DONE]
             free = [r for r in pending if self._abandoned(r)]
             if free or not pending or not wait:
@@ -228,7 +245,7 @@ class Sweep(SweepDir):
                           f"will train ({self._shard_states()})", file=sys.stderr)
             bar.n = len(self.runs) - len(pending)
             bar.refresh()
-            self._wake.wait(self.POLL_S)
+            self.signals.wake.wait(self.POLL_S)
         return []
 
     def _abandoned(self, run: Run) -> bool:

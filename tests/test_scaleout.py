@@ -137,7 +137,7 @@ def test_a_shard_in_a_first_phase_waits_for_the_other_shards_runs(data_dir, tmp_
             waiting.set()
             return super().wait(0.01)
 
-    sweep._wake = Wake()
+    sweep.signals.wake = Wake()
     thread = threading.Thread(target=lambda: result.update(rows=sweep.run(progress=False, wait=True)))
     thread.start()
     assert waiting.wait(timeout=60) and thread.is_alive() and "rows" not in result
