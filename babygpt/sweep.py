@@ -192,7 +192,7 @@ class Sweep(SweepDir):
         slots = DeviceSlots(pinned_gpus(self.gpus, visible_gpus()), self.jobs)
         codes = self.exit_codes = {}  # train.py's exit code, by run, of the runs trained here
         with self.signals.installed(), tqdm(total=len(self.runs), desc="runs", unit="run", disable=not progress,
-                                              dynamic_ncols=True) as bar:
+                                            dynamic_ncols=True) as bar:
             batch = self.mine()
             while not self.signals.halting:
                 self._train(batch, slots, codes, bar)
@@ -203,12 +203,12 @@ class Sweep(SweepDir):
         if stop:
             stopped = sum(1 for code in codes.values() if code == 128 + stop)
             raise Interrupted(stop, f"sweep stopped by {signal_name(stop)}: {stopped} run(s) in "
-                                          f"progress saved a checkpoint; run the same command again to resume")
+                                    f"progress saved a checkpoint; run the same command again to resume")
         left = [r for r in self.runs if self.status(r) not in DONE] if drain else []
         if left:
             raise Interrupted(drain, f"sweep drained by {signal_name(drain)}: the runs it had "
-                                              f"started have ended, {len(left)} run(s) are not done; run the "
-                                              f"same command again to train them")
+                                     f"started have ended, {len(left)} run(s) are not done; run the "
+                                     f"same command again to train them")
         if self.shard is not None and not wait:
             return None
         rows = [self.result(r, codes.get(r.name)) for r in self.runs]
