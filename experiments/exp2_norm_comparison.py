@@ -272,26 +272,18 @@ def write_results(args, plan: Plan, outcome: Outcome, tuned_from: str, started) 
                                                                f"each configuration at its tuned LR")
     budget = {**_common.TIERS[plan.tier], **(EXP2_BUDGET if plan.tier == "default" else {})}
     tune = f"seeds {', '.join(map(str, plan.tune_seeds))}"
-    grids = set(map(tuple, plan.grids.values()))
-    start = (f"the grid {', '.join(f'{lr:g}' for lr in next(iter(grids)))}" if len(grids) == 1 else
-             f"the three half-decade points around the LR {tuned_from} tuned for each configuration, at "
-             f"this tier's budget,")
-    how = (f"LR searched from {start} on tuning {tune} (half-decade steps beyond an edge while the best mean "
+    how = (f"LR searched from {search_start(plan, tuned_from)} on tuning {tune} (half-decade steps beyond an edge while the best mean "
            f"loss is there, at most {EXTENSIONS[plan.tier]} a side, then the quarter-decade points beside the "
            f"best), then evaluation ")
     initial = {name: initial_loss(sweep.out_dir(Run(lr_overrides(plan.grids[name][0]), plan.tune_seeds[0], path)))
                for name, path in plan.configs.items()}
     trained = {config_name(r.config) for r in plan.tuning_runs if rows[r.name]["status"] == "finished"}
-    # Wortsman's sensitivity compares configurations only over one grid: --full and --beyond centre
-    # each one's grid on its own earlier-tier LR, so there the column is left out (the default tier's has it).
-    common_grid = len({tuple(g) for g in plan.grids.values()}) == 1
-    sensitivities = ({n: sensitivity(plan.grids[n], outcome.means[n], initial[n], n in trained)
-                      for n in outcome.means} if common_grid else {})
+    sensitivities = sensitivities_over_one_grid(plan.grids, outcome.means, initial, trained)
     sections = [f"Tier `{plan.tier}`. Budget per run: {budget or 'train.py defaults'}; min_lr = lr/10; {how}"
                 f"{seeds} at each configuration's tuned LR, paired with {plan.baseline}. Losses are the final "
                 f"evaluation over the whole validation split. {verdict_rule(len(plan.configs) - 1, margin, args.margin)} "
                 f"{_common.training_time(rows.values())}."
-                + ("" if common_grid else " Each configuration searched its own grid, so the LR sensitivity "
+                + ("" if sensitivities else " Each configuration searched its own grid, so the LR sensitivity "
                    "(which compares configurations over one grid) is left out: see the default tier's."),
                 _common.table_marker("tuned") + tuned_table(plan, outcome, losses, runner_up, margin, sensitivities,
                                                             strongest(refs)),
@@ -303,6 +295,26 @@ def write_results(args, plan: Plan, outcome: Outcome, tuned_from: str, started) 
     sections.append("![](lr_sensitivity.png)")
     _common.write_report(os.path.join(plan.out, "report.md"), "Normalization configurations compared",
                          _common.command_line(), "\n\n".join(sections), started)
+
+
+def search_start(plan: Plan, tuned_from: str) -> str:
+    """Where the report says the LR search started: the tier's (or --lrs's) grid, or in --full and
+    --beyond the points around each configuration's earlier-tier LR (so said even where those
+    points happen to coincide)."""
+    if plan.tier in CENTRED and not plan.args.lrs:
+        return (f"the three half-decade points around the LR {tuned_from} tuned for each configuration, at "
+                f"this tier's budget,")
+    return f"the grid {', '.join(f'{lr:g}' for lr in next(iter(plan.grids.values())))}"
+
+
+def sensitivities_over_one_grid(grids: dict, means: dict, initial: dict, trained: set) -> dict:
+    """{name: LR sensitivity} where every configuration searched the same grid; {} otherwise.
+    Wortsman's sensitivity compares configurations only over one grid: --full and --beyond centre
+    each one's grid on its own earlier-tier LR, so there the column is left out unless the grids
+    coincide (the default tier's table has it)."""
+    if len({tuple(g) for g in grids.values()}) != 1:
+        return {}
+    return {n: sensitivity(grids[n], means[n], initial[n], n in trained) for n in means}
 
 
 def verdict_rule(k: int, margin: float, stated: float | None) -> str:

@@ -20,9 +20,9 @@ collapses) and 1e-2 (past it), min_lr = lr/10, with per-layer diagnostics (babyg
 every --diag_interval iterations; Pre-LN at the same LR is the reference that trains. A hypothesis
 holds at an LR when its change prevents the collapse in every seed there.
 
-    python experiments/exp6_postln_collapse.py [--quick | --full] [--jobs N] [--seeds 3] [--out DIR]
+    python experiments/exp6_postln_collapse.py [--quick | --full] [--jobs N] [--seeds 3] [--lrs 3e-3,1e-2] [--out DIR]
 
-Writes results.csv, collapse_diagnostics.png (lr 3e-3) and report.md.
+Writes results.csv, collapse_diagnostics.png (at the first LR: 3e-3) and report.md.
 """
 
 import os
@@ -35,9 +35,9 @@ from babygpt.checkpoint import load_checkpoint
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, save
 from babygpt.sweep import Run
-from exp2_norm_comparison import EXP2_BUDGET
+from exp2_norm_comparison import EXP2_BUDGET, floats, lr_list_problems
 
-LRS = (3e-3, 1e-2)
+LRS = "3e-3,1e-2"  # where the baseline collapses, and past it
 SETUP = {"norm_placement": "post", "norm_type": "layernorm"}
 # arm -> (what it changes, overrides on top of SETUP); the first is the collapsing setup itself.
 ARMS = {
@@ -57,6 +57,7 @@ HYPOTHESES = ("bias=False", "adam_eps=1e-15", "init=xavier", "xavier weights", "
 class Exp6Options(_common.TrainingOptions):
     seeds: int = option(3, "seeds per arm and LR, 0..N-1")
     diag_interval: int = option(10, "iterations between per-layer diagnostics")
+    lrs: str = option(LRS, "the LRs every arm runs at, comma-separated; the diagnostics are read at the first")
 
     def problems(self) -> list[str]:
         problems = super().problems()
@@ -64,17 +65,17 @@ class Exp6Options(_common.TrainingOptions):
             problems.append(f"--seeds must be at least 1, got {self.seeds}")
         if self.diag_interval < 1:
             problems.append(f"--diag_interval must be at least 1, got {self.diag_interval}")
-        return problems
+        return problems + lr_list_problems(self.lrs)
 
 
 def lr_setup(lr: float) -> dict:
     return {**SETUP, "learning_rate": lr, "min_lr": lr / 10}
 
 
-def arm_runs(seeds: int, diag_interval: int) -> dict[tuple, list[Run]]:
+def arm_runs(lrs: list[float], seeds: int, diag_interval: int) -> dict[tuple, list[Run]]:
     """{(arm, lr): its runs, one per seed}."""
     return {(arm, lr): [Run({**lr_setup(lr), **overrides, "diag_interval": diag_interval}, seed, label=arm)
-                        for seed in range(seeds)] for lr in LRS for arm, (_, overrides) in ARMS.items()}
+                        for seed in range(seeds)] for lr in lrs for arm, (_, overrides) in ARMS.items()}
 
 
 def verdict(rows: list[dict]) -> str:
@@ -122,7 +123,7 @@ def diagnostics_table(runs: dict, loaded: dict, sizes: dict, at: list[int]) -> s
                                    "stream RMS (last block)"], body)
 
 
-def plot(arms: list, loaded_by_seed: dict, path: str) -> None:
+def plot(arms: list, loaded_by_seed: dict, lr: float, path: str) -> None:
     import math
 
     panels = [("token_independence", -1, "token independence, last block"),
@@ -142,33 +143,34 @@ def plot(arms: list, loaded_by_seed: dict, path: str) -> None:
         ax.set(title=title, xlabel="iteration", yscale="log")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"Post-LN collapse diagnostics at lr {LRS[0]:g} (solid: seed 0, dashed: seed 1)")
+    fig.suptitle(f"Post-LN collapse diagnostics at lr {lr:g} (solid: seed 0, dashed: seed 1)")
     save(fig, path)
 
 
 def main(argv):
     exp = _common.begin(Exp6Options, argv, "exp6_postln_collapse", __doc__)
     args = exp.args
-    runs = arm_runs(args.seeds, args.diag_interval)
+    lrs = floats(args.lrs)
+    runs = arm_runs(lrs, args.seeds, args.diag_interval)
     budget = EXP2_BUDGET if exp.tier == "default" else {}
     sweep, rows = exp.train([r for seeds in runs.values() for r in seeds], budget)
 
-    first = {arm: runs[(arm, LRS[0])] for arm in ARMS}  # the diagnostics: the LR where the baseline collapses
+    first = {arm: runs[(arm, lrs[0])] for arm in ARMS}  # the diagnostics: the LR where the baseline collapses
     loaded_by_seed = {arm: [load_run(sweep.out_dir(r)) for r in rs] for arm, rs in first.items()}
     sizes = {arm: block0_size(sweep.out_dir(rs[0])) for arm, rs in first.items()}
-    plot(list(ARMS), loaded_by_seed, os.path.join(exp.out, "collapse_diagnostics.png"))
+    plot(list(ARMS), loaded_by_seed, lrs[0], os.path.join(exp.out, "collapse_diagnostics.png"))
 
     warmup = exp.budget(budget).get("warmup_iters", 100)
     last = rows[first["baseline"][0].name]["iter"]
     at = sorted({args.diag_interval, warmup, 2 * warmup, last})
     body = (f"{exp.budget_line(budget)}; "
             f"{', '.join(f'{k} {v}' for k, v in SETUP.items())}; learning_rate "
-            f"{' and '.join(f'{lr:g}' for lr in LRS)} (min_lr = lr/10); seeds {', '.join(map(str, range(args.seeds)))}; "
+            f"{' and '.join(f'{lr:g}' for lr in lrs)} (min_lr = lr/10); seeds {', '.join(map(str, range(args.seeds)))}; "
             f"diagnostics every {args.diag_interval} iterations. {_common.training_time(rows.values())}.\n\n"
             + _common.table_section("Which hypothesis holds", "Each seed's final loss over the whole validation "
                                     "split; a hypothesis holds at an LR where its change makes every seed train.",
                                     "hypotheses", hypotheses_table(runs, rows))
-            + _common.table_section(f"What the diagnostics show (seed 0, lr {LRS[0]:g})", "Gradient RMS per element "
+            + _common.table_section(f"What the diagnostics show (seed 0, lr {lrs[0]:g})", "Gradient RMS per element "
                                     "= block 0's gradient norm / sqrt(its parameter count), to compare with AdamW's "
                                     "eps.", "diagnostics",
                                     diagnostics_table(first, {a: v[0] for a, v in loaded_by_seed.items()}, sizes, at))

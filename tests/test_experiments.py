@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -50,6 +51,16 @@ def test_experiment_options_are_checked_before_anything_runs(monkeypatch):
     assert any("did you mean 'gpt2'" in p for p in e.value.problems)
     with pytest.raises(BabyGPTError, match="did you mean '--placements'"):
         _common.parse(Exp3Options, ["--placement=pre"], "exp3_prenorm_vs_postnorm", "doc")
+    from exp6_postln_collapse import Exp6Options, arm_runs
+
+    assert _common.parse(Exp6Options, [], "exp6_postln_collapse", "doc").lrs == "3e-3,1e-2"
+    with pytest.raises(BabyGPTError) as e:
+        _common.parse(Exp6Options, ["--lrs=3e-3,x", "--seeds=0"], "exp6_postln_collapse", "doc")
+    assert len(e.value.problems) == 2 and "--lrs takes comma-separated numbers" in e.value.problems[1]
+    with pytest.raises(BabyGPTError, match="--lrs lists 0.003 more than once"):
+        _common.parse(Exp6Options, ["--lrs=3e-3,3e-3"], "exp6_postln_collapse", "doc")
+    runs = arm_runs([1e-2, 3e-3], 2, 5)
+    assert list(runs)[0] == ("baseline", 1e-2) and len(runs) == 16 and all(len(rs) == 2 for rs in runs.values())
 
 
 def test_grid_and_run_names():
@@ -161,9 +172,10 @@ def test_plot_cli_and_divergence_marker(small_sweep, tmp_path, capsys):
     ("exp4_grad_norm_at_init", ["--data_dir={data}", "--placements=pre,post,sandwich,deepnorm"],
      ["grad_norm_at_init.png", "grad_norm_at_init.csv", "report.md"]),
     ("exp3_prenorm_vs_postnorm", ["--data_dir={data}", "--jobs=2"], ["stability_map.png", "results.csv", "report.md"]),
-    ("exp6_postln_collapse", ["--data_dir={data}", "--jobs=2", "--seeds=1", "--diag_interval=5"],
+    ("exp6_postln_collapse", ["--data_dir={data}", "--jobs=2", "--seeds=1", "--diag_interval=5", "--lrs=3e-3"],
      ["collapse_diagnostics.png", "results.csv", "report.md"]),
-    ("exp7_lr_sensitivity", ["--data_dir={data}", "--jobs=2"], ["lr_sensitivity.png", "results.csv", "report.md"]),
+    ("exp7_lr_sensitivity", ["--data_dir={data}", "--jobs=2", "--lrs=1e-1"],
+     ["lr_sensitivity.png", "results.csv", "report.md"]),
     ("exp8_dyt_saturation", ["--data_dir={data}", "--jobs=2"], ["dyt_saturation.png", "results.csv", "report.md"]),
     ("exp9_fp16_overflow", ["--data_dir={data}", "--jobs=2"], ["fp16_overflow.png", "results.csv", "report.md"]),
     ("exp10_depth", ["--data_dir={data}", "--jobs=2"], ["depth.png", "results.csv", "report.md"]),
@@ -185,15 +197,14 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
         assert (tmp_path / "res" / "amplification.png").stat().st_size > 0
         for key in ("per_layer", "last_layer", "amplification"):
             assert f"<!-- table: {key} -->" in report
-    if script == "exp7_lr_sensitivity":  # 8 arms x 2 LRs x 1 width x 1 seed, z-loss, qk_norm, weight decay reaching the runs
+    if script == "exp7_lr_sensitivity":  # 8 arms x the one LR asked for x 1 width x 1 seed, z-loss, qk_norm, weight decay reaching the runs
         rows = read_csv(tmp_path / "res" / "results.csv")
-        assert len(rows) == 16 and {(r["cfg.qk_norm"], r["cfg.z_loss"]) for r in rows} == \
+        assert len(rows) == 8 and {(r["cfg.qk_norm"], r["cfg.z_loss"]) for r in rows} == \
             {("False", "0.0"), ("True", "0.0"), ("False", "0.0001"), ("True", "0.0001")}
         decays = {(r["label"].rsplit(", w", 1)[0], float(r["cfg.learning_rate"])): float(r["cfg.weight_decay"])
                   for r in rows if r["cfg.weight_decay"]}
-        assert decays == {(f"{arm}, {kind}", lr): pytest.approx(wd) for arm in ("plain", "z_loss")
-                          for lr in (1e-2, 1e-1)
-                          for kind, wd in (("wd 0", 0.0), ("independent wd 1e-4", 1e-4 / lr))}
+        assert decays == {(f"{arm}, {kind}", 1e-1): pytest.approx(wd) for arm in ("plain", "z_loss")
+                          for kind, wd in (("wd 0", 0.0), ("independent wd 1e-4", 1e-4 / 1e-1))}
         assert "<!-- table: sensitivity -->" in report and "<!-- table: instabilities -->" in report
     if script == "exp8_dyt_saturation":  # plain and paper DyT under both inits, saturation measured
         assert len(read_csv(tmp_path / "res" / "results.csv")) == 4
@@ -212,9 +223,9 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
         assert "<!-- table: crossing -->" in report and "<!-- table: half -->" in report
     if script == "exp6_postln_collapse":
         rows = read_csv(tmp_path / "res" / "results.csv")
-        assert len(rows) == 16 and {r["cfg.diag_interval"] for r in rows} == {"5"}  # 8 arms x 2 LRs x 1 seed
+        assert len(rows) == 8 and {r["cfg.diag_interval"] for r in rows} == {"5"}  # 8 arms x the one LR x 1 seed
         assert {(r["label"], r["cfg.learning_rate"]) for r in rows if r["cfg.init_depth_factor"] == "False"} == \
-            {("no depth factor", "0.003"), ("no depth factor", "0.01")}
+            {("no depth factor", "0.003")}
         assert {r["label"] for r in rows if r["cfg.init_linear"] == "xavier"} == {"xavier weights"}
         assert "<!-- table: hypotheses -->" in report and "<!-- table: diagnostics -->" in report
 
@@ -469,6 +480,22 @@ def test_exp2_table_draws_each_verdict_and_its_robustness_to_the_baselines_runne
     # A configuration that collapsed at every LR has no LR sensitivity (it would read as ~0, "robust").
     assert exp2.sensitivity([1e-3, 1e-2], {1e-3: 3.35, 1e-2: 3.35}, 4.2, trained=False) is None
     assert exp2.sensitivity([1e-3, 1e-2], {1e-3: 3.35, 1e-2: 2.35}, 4.2, trained=True) == pytest.approx(0.5)
+    # Over one grid only: configurations whose searches started from different grids are not compared.
+    means = {"a": {1e-3: 3.35, 1e-2: 2.35}, "b": {1e-3: 3.0, 1e-2: 2.8}}
+    same = exp2.sensitivities_over_one_grid({"a": [1e-3, 1e-2], "b": [1e-3, 1e-2]}, means, {"a": 4.2, "b": 4.2},
+                                            trained={"a"})
+    assert same == {"a": pytest.approx(0.5), "b": None}
+    assert exp2.sensitivities_over_one_grid({"a": [1e-3, 1e-2], "b": [1e-2, 3e-2]}, means, {"a": 4.2, "b": 4.2},
+                                            trained={"a", "b"}) == {}
+    # The report names where the search started: the grid, or (--full, --beyond) the earlier tier's LRs,
+    # even where the points around them coincide.
+    one_grid = {"a": [1e-3, 3e-3, 1e-2], "b": [1e-3, 3e-3, 1e-2]}
+
+    def start(tier, lrs=None):
+        return exp2.search_start(exp2.Plan(tier, "out", configs, "a", one_grid, [0, 1], [2],
+                                           types.SimpleNamespace(lrs=lrs)), "results/x")
+    assert start("default") == start("full", lrs="1e-3,3e-3,1e-2") == "the grid 0.001, 0.003, 0.01"
+    assert start("full").startswith("the three half-decade points around the LR results/x tuned for each")
 
 
 def test_loss_plots_draw_the_runs_reference_losses():
@@ -527,7 +554,8 @@ def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr
     """Quick tier: the LR grid on tuning seeds 0-1, the quarter-decade point beside the best, each
     configuration's best mean, evaluation seeds 2-3 there (and the baseline at its runner-up), paired
     with the baseline; then --full tunes again at its own budget, from the three half-decade points
-    around each configuration's default-tier LR, and evaluates seeds 2-3 at what it finds."""
+    around the LR the earlier tier tuned, and evaluates seeds 2-3 at what it finds (the baseline
+    alone there: the search and the pairing are the quick tier's, checked above)."""
     monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
     import exp2_norm_comparison as exp2
 
@@ -569,13 +597,16 @@ def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr
     assert_collect_rewrites_the_same_tables(tmp_path, report, f"--data_dir={data_dir}", configs)
 
     full = run_script("experiments/exp2_norm_comparison.py", "--full", "--out=full", "--tuned_from=res",
-                      f"--data_dir={data_dir}", "--jobs=2", "--seeds=2", configs,
+                      f"--data_dir={data_dir}", "--jobs=2", "--seeds=2", configs.split(",")[0],
                       *[f"--set={a[2:]}" for a in BASE if not a.startswith("--eval_interval")],
                       "--set=max_iters=4", "--set=eval_interval=2", cwd=tmp_path, timeout=300)
     assert full.returncode == 0, full.stderr[-2000:]
     rows = read_csv(tmp_path / "full" / "results.csv")
     full_record = json.loads((tmp_path / "full" / "tuned_lrs.json").read_text())
+    assert set(full_record["tuned"]) == {"prenorm_rms"} and all(r["name"].startswith("prenorm_rms__") for r in rows)
     for config, lr in record["tuned"].items():
+        if config not in full_record["tuned"]:
+            continue
         mine = [r for r in rows if r["name"].startswith(config + "__")]
         tried = {float(r["cfg.learning_rate"]) for r in mine if r["seed"] in ("0", "1")}
         assert full_record["grids"][config] == exp2.centered_grid(lr) and set(exp2.centered_grid(lr)) <= tried
@@ -584,10 +615,9 @@ def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr
     assert (tmp_path / "full" / "lr_sensitivity.png").exists()
     full_report = (tmp_path / "full" / "report.md").read_text()
     assert "the three half-decade points around the LR res tuned for each configuration" in full_report
-    # The sensitivity compares configurations over one grid; the column is empty where grids differ.
-    own_grids = len({tuple(g) for g in full_record["grids"].values()}) > 1
-    assert ("the LR sensitivity (which compares configurations over one grid) is left out" in full_report) == own_grids
-    assert all((row[4] == "—") == own_grids for row in report_rows(full_report, "tuned")[1:])
+    # One configuration searched one grid: the LR sensitivity is given (what it is left out for is below).
+    assert "is left out" not in full_report
+    assert re.fullmatch(r"\d\.\d{3}", report_rows(full_report, "tuned")[1][4])
     # Without the default tier's record --full is refused before anything is written (in this process).
     monkeypatch.chdir(tmp_path)
     assert_refused_in_process(exp2.main, ["--full", "--out=full2", "--tuned_from=nowhere", f"--data_dir={data_dir}"],
