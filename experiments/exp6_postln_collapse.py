@@ -31,9 +31,11 @@ from dataclasses import dataclass
 import _common
 
 from babygpt.compare import run_loss
-from babygpt.checkpoint import load_checkpoint
+from babygpt.config import MODEL_FIELDS
+from babygpt.model import GPT, GPTConfig
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, save
+from babygpt.rundir import read_json
 from babygpt.sweep import Run
 from exp2_norm_comparison import EXP2_BUDGET, floats, lr_list_problems
 
@@ -94,9 +96,12 @@ def diag_at(run: dict, it: int) -> dict | None:
 
 
 def block0_size(run_dir: str) -> int:
-    """Parameters in block 0 of a finished run, read from its checkpoint (for per-element gradients)."""
-    state = load_checkpoint(os.path.join(run_dir, "ckpt.pt"))["model"]
-    return sum(t.numel() for name, t in state.items() if name.startswith("blocks.0."))
+    """Parameters in block 0 of a run (for per-element gradients), counted on the model its
+    config.json describes: the committed records are enough (checkpoints are not committed, and
+    --collect on a fresh clone has none)."""
+    config = read_json(os.path.join(run_dir, "config.json"))["config"]
+    model = GPT(GPTConfig(**{key: config[key] for key in MODEL_FIELDS if key in config}))
+    return sum(p.numel() for p in model.blocks[0].parameters())
 
 
 def fmt(v, spec=".3g") -> str:

@@ -683,6 +683,25 @@ def test_sweep_options_report_every_problem_together():
     assert ok.axes() == {"norm_type": ["layernorm", "rmsnorm"], "learning_rate": [1e-3]} and ok.seed_list() == [0, 1]
 
 
+def test_exp6_counts_block_0_from_the_records_as_the_checkpoint_holds_it(data_dir, tmp_path, monkeypatch):
+    """The per-element gradient needs block 0's size: read from config.json (committed), it is the
+    count of block 0's tensors in the run's checkpoint (not committed), for Post-LN with biases and without."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp6_postln_collapse as exp6
+    from babygpt.checkpoint import load_checkpoint
+    from babygpt.config import load_config
+    from babygpt.trainer import train
+
+    for bias in (True, False):
+        out = tmp_path / f"bias{bias}"
+        train(load_config([f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=2",
+                           "--norm_placement=post", "--norm_type=layernorm", f"--bias={bias}", "--n_layer=3"]))
+        state = load_checkpoint(str(out / "ckpt.pt"))["model"]
+        expected = sum(t.numel() for name, t in state.items() if name.startswith("blocks.0."))
+        (out / "ckpt.pt").unlink()  # what a fresh clone has: the records only
+        assert exp6.block0_size(str(out)) == expected
+
+
 def test_lr_sensitivity_experiment_reads_the_diagnostics(monkeypatch):
     """exp7: the peak attention logit is the largest over layers and iterations, |log Z| is read at the
     last measurement, and the table's LR sensitivity is babygpt.stats' on the seed-mean losses."""
