@@ -23,6 +23,7 @@ import _common
 
 from babygpt.checkpoint import load_checkpoint
 from babygpt.compare import run_loss
+from babygpt.errors import BabyGPTError
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, save
 from babygpt.sweep import Run
@@ -62,9 +63,19 @@ def diag_rows(run: dict) -> list[dict]:
     return [r for r in run["metrics"] if r.get("tanh_saturation") is not None]
 
 
+def final_weights(run_dir: str) -> str:
+    """The run's checkpoint, which holds its learned alphas. The committed records do not (so a
+    fresh clone cannot --collect this experiment): refused with what to do instead."""
+    path = os.path.join(run_dir, "ckpt.pt")
+    if not os.path.exists(path):
+        raise BabyGPTError(f"'{path}' not found: experiment 8 reads each run's learned alphas from its final "
+                           f"weights, which are not committed; run the experiment into a new --out to train them")
+    return path
+
+
 def learned_alphas(run_dir: str) -> tuple[list[float], list[float]]:
     """(ln1 alphas, ln2 alphas) per block at the end of a run, from its checkpoint."""
-    state = load_checkpoint(os.path.join(run_dir, "ckpt.pt"))["model"]
+    state = load_checkpoint(final_weights(run_dir))["model"]
     pick = lambda norm: [v.item() for k, v in sorted(state.items()) if k.endswith(f"{norm}.alpha")]  # noqa: E731
     return pick("ln1"), pick("ln2")
 
@@ -110,6 +121,10 @@ def main(argv):
     diag_interval = args.diag_interval or (5 if tier == "quick" else 25)
     runs = arm_runs(tier, args.seed, diag_interval)
     budget = EXP2_BUDGET if tier == "default" else {}
+    if args.collect:  # the weights are needed at the end: checked before --collect writes anything
+        planned = exp.sweep(list(runs.values()), budget)
+        for run in runs.values():
+            final_weights(planned.out_dir(run))
     sweep, rows = exp.train(list(runs.values()), budget)
     loaded = {key: load_run(sweep.out_dir(run)) for key, run in runs.items()}
     plot(runs, loaded, os.path.join(exp.out, "dyt_saturation.png"))

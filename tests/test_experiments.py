@@ -181,7 +181,7 @@ def test_plot_cli_and_divergence_marker(small_sweep, tmp_path, capsys):
     ("exp10_depth", ["--data_dir={data}", "--jobs=2"], ["depth.png", "results.csv", "report.md"]),
     ("exp11_regime", ["--data_dir={data}", "--jobs=2"], ["frontier.png", "results.csv", "report.md"]),
 ])
-def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
+def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path, monkeypatch, capsys):
     args = [a.format(data=data_dir) for a in extra]
     proc = run_script(f"experiments/{script}.py", "--quick", "--out=res", *args, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -209,6 +209,17 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path):
     if script == "exp8_dyt_saturation":  # plain and paper DyT under both inits, saturation measured
         assert len(read_csv(tmp_path / "res" / "results.csv")) == 4
         assert "<!-- table: saturation -->" in report and report.count("| prenorm_dyt_paper |") >= 2
+        # --collect from the committed records only (no checkpoints) is refused before it writes a byte.
+        monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+        import exp8_dyt_saturation as exp8
+
+        for ckpt in (tmp_path / "res" / "runs").glob("*/ckpt.pt"):
+            ckpt.unlink()
+        before = {p: p.read_bytes() for p in (tmp_path / "res").rglob("*") if p.is_file()}
+        monkeypatch.chdir(tmp_path)
+        assert_refused_in_process(exp8.main, ["--quick", "--out=res", *args, "--collect"], capsys,
+                                  "learned alphas from its final weights", "run the experiment into a new --out")
+        assert {p: p.read_bytes() for p in (tmp_path / "res").rglob("*") if p.is_file()} == before
     if script == "exp10_depth":  # six placements at 4 layers, each measured once, every block
         assert len(read_csv(tmp_path / "res" / "results.csv")) == 6
         assert "<!-- table: depth -->" in report and "| mixln_rms | 4 |" in report and "—" not in report
