@@ -538,6 +538,31 @@ def report_rows(report: str, key: str) -> list[list[str]]:
     return rows
 
 
+def committed_exp2_reports() -> list[str]:
+    """Every experiment-2 report under results/ that git holds (by its settings.json)."""
+    paths = subprocess.run(["git", "-C", ROOT, "ls-files", "results"], capture_output=True, text=True).stdout.split()
+    return sorted(os.path.dirname(p) for p in paths if p.endswith("/settings.json")
+                  and json.loads(open(os.path.join(ROOT, p)).read()).get("experiment") == "exp2_norm_comparison"
+                  and os.path.dirname(p) + "/report.md" in paths)
+
+
+@pytest.mark.parametrize("result", committed_exp2_reports())
+def test_every_committed_exp2_table_has_its_regime_and_one_row_per_configuration(result, monkeypatch):
+    """A committed table written by an older version of the experiment goes stale silently (the five
+    400-iteration ones lacked the floor column until they were collected again): each names the
+    strongest n-gram floor it is measured against, and has a row for each configuration it ran."""
+    report = open(os.path.join(ROOT, result, "report.md"), encoding="utf-8").read()
+    header, *rows = report_rows(report, "tuned")
+    assert re.fullmatch(r"mean − KN \d-gram floor \(\d\.\d{4}\)", header[7]), (result, header)
+    assert all(re.fullmatch(r"[+-]\d\.\d{3} \((above|below|at)\)", row[7]) for row in rows), result
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp2_norm_comparison as exp2
+
+    settings = json.loads(open(os.path.join(ROOT, result, "settings.json")).read())
+    configs = [exp2.config_name(c) for c in (settings["configs"] or "").split(",") if c]
+    assert [row[0] for row in rows] == (configs or list(exp2.CORE))
+
+
 def assert_collect_rewrites_the_same_tables(tmp_path, report, *args):
     """--collect on a finished experiment trains nothing and writes the same tables (but for the
     time columns); sharded runs are collected the same way (test_scaleout). (The experiment's main
