@@ -272,9 +272,9 @@ def write_results(args, plan: Plan, outcome: Outcome, tuned_from: str, started) 
                                                                f"each configuration at its tuned LR")
     budget = {**_common.TIERS[plan.tier], **(EXP2_BUDGET if plan.tier == "default" else {})}
     tune = f"seeds {', '.join(map(str, plan.tune_seeds))}"
-    how = (f"LR searched from {search_start(plan, tuned_from)} on tuning {tune} (half-decade steps beyond an edge while the best mean "
-           f"loss is there, at most {EXTENSIONS[plan.tier]} a side, then the quarter-decade points beside the "
-           f"best), then evaluation ")
+    how = (f"LR searched from {search_start(plan, tuned_from)} on tuning {tune} (half-decade steps beyond an "
+           f"edge while the best mean loss is there, at most {EXTENSIONS[plan.tier]} a side, then the "
+           f"quarter-decade points beside the best), then evaluation ")
     initial = {name: initial_loss(sweep.out_dir(Run(lr_overrides(plan.grids[name][0]), plan.tune_seeds[0], path)))
                for name, path in plan.configs.items()}
     trained = {config_name(r.config) for r in plan.tuning_runs if rows[r.name]["status"] == "finished"}

@@ -197,7 +197,8 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path, monke
         assert (tmp_path / "res" / "amplification.png").stat().st_size > 0
         for key in ("per_layer", "last_layer", "amplification"):
             assert f"<!-- table: {key} -->" in report
-    if script == "exp7_lr_sensitivity":  # 8 arms x the one LR asked for x 1 width x 1 seed, z-loss, qk_norm, weight decay reaching the runs
+    if script == "exp7_lr_sensitivity":  # 8 arms x the one LR asked for x 1 width x 1 seed; z-loss, qk_norm and
+        # weight decay reach the runs
         rows = read_csv(tmp_path / "res" / "results.csv")
         assert len(rows) == 8 and {(r["cfg.qk_norm"], r["cfg.z_loss"]) for r in rows} == \
             {("False", "0.0"), ("True", "0.0"), ("False", "0.0001"), ("True", "0.0001")}
