@@ -26,7 +26,7 @@ from babygpt.compare import run_loss
 from babygpt.errors import BabyGPTError
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, save
-from babygpt.sweep import Run
+from babygpt.sweep import DONE, Run
 from exp2_norm_comparison import EXP2_BUDGET, config_path, lr_overrides, read_tuned
 
 NAME = "exp8_dyt_saturation"
@@ -121,9 +121,11 @@ def main(argv):
     diag_interval = args.diag_interval or (5 if tier == "quick" else 25)
     runs = arm_runs(tier, args.seed, diag_interval)
     budget = EXP2_BUDGET if tier == "default" else {}
-    if args.collect:  # the weights are needed at the end: checked before --collect writes anything
-        planned = exp.sweep(list(runs.values()), budget)
-        for run in runs.values():
+    # A run that ended before (committed, or trained by another shard) is not trained again, so its
+    # final weights, needed at the end, are checked now, before anything is written.
+    planned = exp.sweep(list(runs.values()), budget)
+    for run in runs.values():
+        if planned.status(run) in DONE:
             final_weights(planned.out_dir(run))
     sweep, rows = exp.train(list(runs.values()), budget)
     loaded = {key: load_run(sweep.out_dir(run)) for key, run in runs.items()}

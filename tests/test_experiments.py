@@ -210,7 +210,8 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path, monke
     if script == "exp8_dyt_saturation":  # plain and paper DyT under both inits, saturation measured
         assert len(read_csv(tmp_path / "res" / "results.csv")) == 4
         assert "<!-- table: saturation -->" in report and report.count("| prenorm_dyt_paper |") >= 2
-        # --collect from the committed records only (no checkpoints) is refused before it writes a byte.
+        # From the committed records only (no checkpoints), --collect and a rerun (which trains none of
+        # the ended runs) are refused before they write a byte.
         monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
         import exp8_dyt_saturation as exp8
 
@@ -218,9 +219,10 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path, monke
             ckpt.unlink()
         before = {p: p.read_bytes() for p in (tmp_path / "res").rglob("*") if p.is_file()}
         monkeypatch.chdir(tmp_path)
-        assert_refused_in_process(exp8.main, ["--quick", "--out=res", *args, "--collect"], capsys,
-                                  "learned alphas from its final weights", "run the experiment into a new --out")
-        assert {p: p.read_bytes() for p in (tmp_path / "res").rglob("*") if p.is_file()} == before
+        for again in (["--collect"], []):
+            assert_refused_in_process(exp8.main, ["--quick", "--out=res", *args, *again], capsys,
+                                      "learned alphas from its final weights", "run the experiment into a new --out")
+            assert {p: p.read_bytes() for p in (tmp_path / "res").rglob("*") if p.is_file()} == before
     if script == "exp10_depth":  # six placements at 4 layers, each measured once, every block
         assert len(read_csv(tmp_path / "res" / "results.csv")) == 6
         assert "<!-- table: depth -->" in report and "| mixln_rms | 4 |" in report and "—" not in report
