@@ -75,6 +75,19 @@ def native_cuda_bf16() -> bool:
     return torch.cuda.is_bf16_supported(including_emulation=False)
 
 
+# What ``dtype=auto`` can mean on each kind of device (resolve_dtype picks one of these): a run made
+# elsewhere is judged by its own device's meaning of auto (babygpt.sweepdir, under --collect).
+AUTO_DTYPES = {"cuda": ("bfloat16", "float16"), "cpu": ("float32",), "mps": ("float32",)}
+
+
+def auto_dtypes(device: str | None) -> tuple[str, ...]:
+    """The dtypes ``auto`` can mean on a device of kind ``device`` ('cuda', 'cuda:1', 'cpu', ...);
+    on any device when it is not known (None)."""
+    if device is None:
+        return tuple(sorted({d for kind in AUTO_DTYPES.values() for d in kind}))
+    return AUTO_DTYPES.get(device.split(":")[0], ())
+
+
 def resolve_dtype(device: torch.device, dtype: str) -> str:
     """``auto``: bfloat16 on a CUDA GPU that supports it, float16 (with a GradScaler) on one that
     does not, float32 elsewhere. On a CPU bfloat16 pays off only where the CPU has bfloat16

@@ -9,7 +9,8 @@ new run starts, and the sweep exits 128 + its number (138 on Linux) if it left r
 
 Beyond one process (babygpt.scaleout): ``shard=K/N`` trains only its slice of the runs, then retries
 runs of shards that stopped without finishing them, and (``wait``) waits for the rest; ``collect``
-trains nothing and writes the table from what the shards left; with CUDA, each job is pinned to
+trains nothing and writes the table from what the shards left (made on any machine, but all on
+one kind of device in one dtype); with CUDA, each job is pinned to
 its own GPU. Every process claims a run before training it, so no two ever train the same run.
 """
 
@@ -124,9 +125,9 @@ class Sweep(SweepDir):
 
     def __init__(self, root: str, runs: list[Run], base_args: list[str] = (), jobs: int = 1,
                  shard: Shard | None = None, gpus: list[int] | None = None, collect: bool = False):
-        super().__init__(root, runs, base_args)
+        super().__init__(root, runs, base_args, collect)
         self.jobs = jobs
-        self.shard, self.gpus, self.collect = shard, gpus, collect
+        self.shard, self.gpus = shard, gpus
         self.signals = SignalRelay()
         self.exit_codes: dict[str, int] = {}
 
@@ -277,6 +278,7 @@ class Sweep(SweepDir):
             raise BabyGPTError(f"{len(missing)} of {len(self.runs)} runs in {self.root} have not finished "
                                f"(first: {missing[0].name}{owner}; {self._shard_states()}); run the shards that "
                                f"own them again, or this command without --collect to train them here")
+        self.check_made_alike()
         rows = [self.result(r, None) for r in self.runs]
         self.write_csv(rows)
         return rows

@@ -27,7 +27,7 @@ from .config import FIELDS, changed_settings, load_config, read_config_file, to_
 from .errors import BabyGPTError
 from .files import user_error, write_csv
 from .rundir import RunDir, RunLock, latest_config, read_json, read_record, read_summary
-from .runtime import machine_label
+from .runtime import auto_dtypes, machine_label
 from .scaleout import claim
 from .state import ENDED
 
@@ -91,11 +91,14 @@ def grid(axes: dict[str, list]) -> list[dict]:
 class SweepDir:
     """The runs of a sweep in ``root``: where each lives, its status, the checks, the results table."""
 
-    def __init__(self, root: str, runs: list[Run], base_args: list[str] = ()):
+    def __init__(self, root: str, runs: list[Run], base_args: list[str] = (), collect: bool = False):
         names = [r.name for r in runs]
         if len(set(names)) != len(names):
             raise BabyGPTError("the sweep lists the same run twice")
         self.root, self.runs, self.base_args = root, runs, list(base_args)
+        # Only reading runs made elsewhere (--collect): dtype=auto means what it meant on the device
+        # each run was made on, not on this machine (GPU runs are collected on a laptop).
+        self.collect = collect
 
     def out_dir(self, run: Run) -> str:
         return os.path.join(self.root, "runs", run.name)
@@ -129,8 +132,9 @@ class SweepDir:
         for run in self.runs:
             try:
                 wanted = load_config(self._config_args(run))
-                self._wanted[run.name] = {k: v for k, v in to_dict(with_resolved_dtype(wanted)).items()
-                                          if k not in NOT_COMPARED}
+                if not self.collect:  # a run trained here gets this machine's dtype
+                    wanted = with_resolved_dtype(wanted)
+                self._wanted[run.name] = {k: v for k, v in to_dict(wanted).items() if k not in NOT_COMPARED}
                 if on_disk:
                     self._check_on_disk(run)
             except BabyGPTError as e:
@@ -170,16 +174,33 @@ class SweepDir:
         if had is None:
             raise BabyGPTError(f"{self.out_dir(run)}/config.json is damaged (no settings in its last resume "
                                f"record); move that run directory aside to run it again")
-        shown = self._differences(had, self._wanted[run.name])
+        shown = self._differences(had, self._wanted[run.name], info.get("device"))
         if shown:
             raise BabyGPTError(f"{self.out_dir(run)} was run with other settings ({shown}); "
                                f"use another --out, or delete that directory to run it again")
 
     @staticmethod
-    def _differences(had: dict, wanted: dict) -> str:
+    def _differences(had: dict, wanted: dict, device: str | None = None) -> str:
         """"learning_rate=0.002 there, 0.001 now, ..." for the first four keys whose values differ
-        (config.changed_settings); "" if none do."""
+        (config.changed_settings); "" if none do. A dtype still ``auto`` (--collect) matches the
+        dtypes auto gives on the ``device`` the run was made on (any device's, if not known)."""
+        if wanted.get("dtype") == "auto" and had.get("dtype") in auto_dtypes(device):
+            wanted = {**wanted, "dtype": had["dtype"]}
         return ", ".join(f"{k}={old!r} there, {new!r} now" for k, old, new in changed_settings(had, wanted)[:4])
+
+    def check_made_alike(self) -> None:
+        """--collect: the runs of one table were made on one kind of device in one dtype (a GPU's
+        bfloat16 and a CPU's float32 land a few thousandths apart), else they are refused by kind."""
+        kinds: dict[tuple[str, str], str] = {}
+        for run in self.runs:
+            info = read_json(os.path.join(self.out_dir(run), "config.json")) or {}
+            device, dtype = str(info.get("device")).split(":")[0], (latest_config(info) or {}).get("dtype")
+            kinds.setdefault((device, dtype), run.name)
+        if len(kinds) > 1:
+            shown = "; ".join(f"{dtype} on {device} (e.g. {name})" for (device, dtype), name in kinds.items())
+            raise BabyGPTError(f"{self.root} mixes runs made on different devices or dtypes: {shown}; a table "
+                               f"compares runs made alike: move the odd runs aside and train them again where "
+                               f"the others were made")
 
     def _check_binding(self, run: Run) -> None:
         """Refuse settings other than those the run's name is bound to in this directory."""

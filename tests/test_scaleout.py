@@ -252,6 +252,48 @@ def test_three_shards_then_collect_give_the_table_of_one_process(data_dir, tmp_p
 
 
 @pytest.mark.slow
+def test_collect_reads_dtype_auto_as_each_runs_device_meant_it_and_refuses_a_mixed_table(data_dir, tmp_path,
+                                                                                         monkeypatch):
+    """Runs made on a GPU (dtype=auto: bfloat16 there) are collected on a CPU, where auto means float32:
+    --collect judges each run by its own device, while training more runs here is still refused (they
+    would be float32 beside bfloat16). A table that mixes a GPU's runs and a CPU's is refused by
+    --collect, naming one run of each kind; and auto never meant bfloat16 on a CPU."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the runs train on the CPU even where a GPU is
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    base = [a for a in BASE if not a.startswith("--device")] + ["--device=auto", f"--data_dir={data_dir}",
+                                                                "--max_iters=5"]
+    runs = [Run({"learning_rate": 1e-3}, 0), Run({"learning_rate": 1e-3}, 1)]
+    root = str(tmp_path / "sw")
+    Sweep(root, runs, base).run(progress=False)
+
+    def recorded_as(run, device, dtype):
+        path = os.path.join(root, "runs", run.name, "config.json")
+        with open(path) as f:
+            record = json.load(f)
+        record["device"], record["config"]["dtype"] = device, dtype
+        with open(path, "w") as f:
+            json.dump(record, f)
+
+    os.remove(os.path.join(root, "results.csv"))  # the training sweep's table; --collect writes its own
+    recorded_as(runs[0], "cuda", "bfloat16")
+    with pytest.raises(BabyGPTError, match=r"mixes runs made on different devices or dtypes: bfloat16 on cuda "
+                                           r"\(e.g. learning_rate=0.001__seed=0\); float32 on cpu \(e.g. "
+                                           r"learning_rate=0.001__seed=1\)"):
+        Sweep(root, runs, base, collect=True).run(progress=False)
+    assert not os.path.exists(os.path.join(root, "results.csv"))
+    recorded_as(runs[1], "cuda:0", "bfloat16")
+    rows = Sweep(root, runs, base, collect=True).run(progress=False)
+    assert [row["name"] for row in rows] == [run.name for run in runs] and all(row["status"] in DONE for row in rows)
+    assert os.path.exists(os.path.join(root, "results.csv"))
+    with pytest.raises(BabyGPTError, match=r"was run with other settings \(dtype='bfloat16' there, 'float32' now\)"):
+        Sweep(root, runs, base).check()
+    recorded_as(runs[1], "cpu", "bfloat16")
+    with pytest.raises(BabyGPTError, match=r"learning_rate=0.001__seed=1 was run with other settings "
+                                           r"\(dtype='bfloat16' there, 'auto' now\)"):
+        Sweep(root, runs, base, collect=True).check()
+
+
+@pytest.mark.slow
 def test_a_dead_shards_runs_are_retried_and_collect_waits_for_them(data_dir, tmp_path, capsys):
     """Shard 1/2 dies (its sweep and its train.py are killed, as when a node goes down) in the middle
     of its run. --collect refuses, naming what is missing; shard 0/2 trains its own run, then resumes
