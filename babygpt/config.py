@@ -46,6 +46,10 @@ class TrainConfig(Checked):
                 "float32 on CPU/MPS; bfloat16 and float16 (+ GradScaler) also work on CPU, fast only where the CPU "
                 "has them natively (a run says so, and warns where they are emulated)")
     compile: bool = option(False, "torch.compile the model (falls back to eager with a warning)")
+    deterministic: bool = option(
+        False, "use only deterministic kernels (torch.use_deterministic_algorithms; an op that has none stops "
+               "the run): on a GPU the same seed then repeats bit for bit, where otherwise it ends a few "
+               "thousandths apart (docs/campaign.md)")
     seed: int = option(1337, "seed for init, batches and dropout")
     # data
     batch_size: int = option(32, "sequences per micro-step")

@@ -163,6 +163,19 @@ def dtype_note(device: torch.device, dtype: str) -> tuple[str, str | None]:
             f"--dtype={dtype} makes training slower, not faster; use --dtype=float32 (or --dtype=auto)")
 
 
+# cuBLAS picks its reduction order from the workspace it is given; a fixed-size workspace makes that
+# order fixed, and torch refuses deterministic mode on CUDA without it (NVIDIA's cuBLAS notes on
+# results reproducibility). Read when torch first creates a cuBLAS handle, so set before any GPU matmul.
+CUBLAS_WORKSPACE = ":4096:8"
+
+
+def use_deterministic_kernels() -> None:
+    """Make every later op in this process pick a deterministic kernel, and raise where it has none;
+    for the process's life, like the TF32 switch (the Trainer turns it on for ``deterministic=True``)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(True)
+
+
 def autocast(device: torch.device, dtype: str):
     """Mixed precision context for the forward pass; a no-op for float32."""
     if dtype == "float32":

@@ -31,7 +31,8 @@ from .diagnostics import NO_HOOK, LayerDiagnostics, StepHook
 from .model import GPT, GPTConfig
 from .ngram import data_floors, is_collapsed
 from .rundir import RunDir, owned, run_record
-from .runtime import autocast, check_dtype, dtype_note, machine, resolve_device, uses_grad_scaler
+from .runtime import (autocast, check_dtype, dtype_note, machine, resolve_device, use_deterministic_kernels,
+                      uses_grad_scaler)
 from .signals import StopSignals
 from .tracker import TensorBoardTracker
 from .state import TrainState, finite_or_none
@@ -275,6 +276,8 @@ class Trainer:
         check_dtype(device, cfg.dtype)
         self.cfg = cfg = with_resolved_dtype(cfg)  # from here on cfg (and config.json) hold the dtype used
         self.run_dir = RunDir(cfg.out_dir, writes=self.main)
+        if cfg.deterministic:  # before the first GPU matmul, which fixes cuBLAS's workspace
+            use_deterministic_kernels()
         self.device, self._owns_group = distributed.setup(self.dist, device)
         if self.device.type == "cuda":
             # TF32 tensor cores for float32 matmuls (10-bit mantissa, float32 range): the usual

@@ -64,6 +64,16 @@ class NaNAfter(torch.nn.Module):
         return logits, loss * float("nan") if poisoned else loss
 
 
+@pytest.fixture
+def deterministic_mode_restored(monkeypatch):
+    """deterministic=True switches the whole process (torch's flag and CUBLAS_WORKSPACE_CONFIG): put
+    both back as they were once the test is done, so no later test runs under it by accident."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
 # Training arguments for a tiny model that trains in about a second on CPU.
 TINY_TRAIN_ARGS = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=8",
                    "--eval_interval=10", "--eval_iters=2", "--log_interval=5", "--device=cpu",
