@@ -2,7 +2,9 @@
 # Run on the device machine from the repository root, with data/shakespeare_char carried:
 # `bash results/gpu/h200_repeat/flag.sh`. The follow-up to deterministic.sh, now through train.py's own
 # --deterministic=true: the beyond tier's seed-0 baseline at lr 3e-3 twice at once on one GPU, and
-# the CUDA tests (with the switch's own test). Writes machine.txt, flag_K.json, flag_K.log, cuda_tests_flag.log.
+# the CUDA tests (with the switch's own test). Writes machine_flag.txt, flag_K.json, flag_K.log,
+# cuda_tests_flag.log. (The device copies the working tree, not its git state: machine_flag.txt's
+# commit line names the session's starting commit, 74b73fc; the tree held the switch's commit.)
 set -u
 export PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
