@@ -74,6 +74,14 @@ def deterministic_mode_restored(monkeypatch):
     torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
+def assert_same_weights(ckpt_a, ckpt_b) -> None:
+    """The model weights of two checkpoints are equal bit for bit, tensor by tensor."""
+    a, b = (torch.load(path, weights_only=True)["model"] for path in (ckpt_a, ckpt_b))
+    assert a.keys() == b.keys()
+    for name, w in a.items():
+        torch.testing.assert_close(w, b[name], rtol=0, atol=0, msg=name)
+
+
 # Training arguments for a tiny model that trains in about a second on CPU.
 TINY_TRAIN_ARGS = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16", "--batch_size=8",
                    "--eval_interval=10", "--eval_iters=2", "--log_interval=5", "--device=cpu",

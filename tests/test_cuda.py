@@ -10,7 +10,7 @@ from babygpt.config import load_config
 from babygpt.model import GPT
 from babygpt.state import COMPLETED
 from babygpt.trainer import train
-from conftest import TINY_TRAIN_ARGS, prepare_small_data, tiny_config
+from conftest import TINY_TRAIN_ARGS, assert_same_weights, prepare_small_data, tiny_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -79,14 +79,11 @@ def test_auto_dtype_tf32_fused_adamw_and_batches_on_cuda(data_dir, tmp_path):
 
 def test_deterministic_runs_repeat_bit_for_bit_on_cuda(data_dir, tmp_path, deterministic_mode_restored):
     """Without the switch the same seed ends a few thousandths apart on a GPU (docs/campaign.md)."""
-    weights = []
     for k in range(2):
         s = train(load_config([f"--data_dir={data_dir}", f"--out_dir={tmp_path / str(k)}", *CUDA_ARGS,
                                "--max_iters=30", "--deterministic=true"]))
         assert s["status"] in COMPLETED
-        weights.append(torch.load(tmp_path / str(k) / "ckpt.pt", weights_only=True)["model"])
-    for name, w in weights[0].items():
-        torch.testing.assert_close(w, weights[1][name], rtol=0, atol=0, msg=name)
+    assert_same_weights(tmp_path / "0" / "ckpt.pt", tmp_path / "1" / "ckpt.pt")
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from babygpt.distributed import Dist
 from babygpt.state import COMPLETED, TrainState
 from babygpt.runtime import CUBLAS_WORKSPACE
 from babygpt.trainer import Trainer, estimate_loss, train
-from conftest import TINY_TRAIN_ARGS, prepare_small_data
+from conftest import TINY_TRAIN_ARGS, assert_same_weights, prepare_small_data
 
 
 @pytest.fixture(scope="module")
@@ -167,14 +167,10 @@ def test_z_loss_adds_the_squared_log_normalizer_to_the_objective_only(data_dir, 
 def test_deterministic_switches_torch_to_deterministic_kernels_and_a_cpu_run_stays_the_same(
         data_dir, tmp_path, deterministic_mode_restored):
     """CPU kernels are deterministic already: the switch must change nothing a CPU run computes."""
-    weights = {}
     for flag in ("false", "true"):
         s = train(load_config([f"--data_dir={data_dir}", f"--out_dir={tmp_path / flag}", *TINY_TRAIN_ARGS,
                                "--max_iters=20", f"--deterministic={flag}"]))
         assert s["status"] in COMPLETED
         assert torch.are_deterministic_algorithms_enabled() is (flag == "true")
-        weights[flag] = torch.load(tmp_path / flag / "ckpt.pt", weights_only=True)["model"]
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_WORKSPACE
-    assert weights["true"].keys() == weights["false"].keys()
-    for name, w in weights["true"].items():
-        torch.testing.assert_close(w, weights["false"][name], rtol=0, atol=0, msg=name)
+    assert_same_weights(tmp_path / "true" / "ckpt.pt", tmp_path / "false" / "ckpt.pt")
