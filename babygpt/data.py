@@ -1,7 +1,9 @@
 """TinyShakespeare as character ids: preparation, a tokenizer and a batch sampler.
 
 ``prepare`` turns ``input.txt`` into ``train.bin`` / ``val.bin`` (uint16 ids, the
-first 90% / last 10% of the text) and ``meta.json`` (the vocabulary). Training
+first 90% / last 10% of the text) and ``meta.json`` (the vocabulary). ``tune_and_test`` cuts the
+validation split in two: learning rates are chosen on its first half and the reported numbers come
+from its second (a number chosen on a split is not an estimate on it). Training
 reads the .bin files through ``np.memmap``, so a batch costs one vectorised
 gather, never a Python loop over rows.
 """
@@ -25,6 +27,7 @@ from .options import option
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TINYSHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 TRAIN_FRACTION = 0.9
+TUNE_FRACTION = 0.5  # of the validation split: its first half tunes, the rest is the test part
 META_FORMAT = "babygpt-char-v1"
 PREPARE = "python data/shakespeare_char/prepare.py"
 MIN_SPLIT_TOKENS = 2  # what prepare writes at least: one input and one target
@@ -210,6 +213,13 @@ def load_dataset(data_dir: str) -> tuple[np.ndarray, np.ndarray, CharTokenizer]:
         prepare(data_dir)
     meta = load_meta(data_dir)
     return load_split(data_dir, "train", meta), load_split(data_dir, "val", meta), CharTokenizer(meta["vocab"])
+
+
+def tune_and_test(val: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(tuning part, test part) of the validation split: its first TUNE_FRACTION and the rest.
+    Each part is scored as a text of its own, so no test target is seen as context while tuning."""
+    cut = int(len(val) * TUNE_FRACTION)
+    return val[:cut], val[cut:]
 
 
 class BatchSampler:

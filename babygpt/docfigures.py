@@ -334,19 +334,27 @@ def parse_body(body: str, committed: set[str]) -> tuple[list[str], str | None, s
     return paths, None, None
 
 
-def find_markers(text: str, committed: set[str]) -> tuple[list[Marker], list[tuple[int, str]]]:
-    """The markers of ``text`` (code excluded) with their scopes, and (line, problem) for each
-    marker that names no committed file or no known reason."""
+def marker_scopes(text: str, pattern: re.Pattern) -> list[tuple[re.Match, int, tuple[int, int]]]:
+    """(match, line, scope) of each comment of ``pattern`` in ``text`` (code excluded): written inside
+    a line it covers the sentence it follows, on a line of its own the block directly above it."""
     visible = without_code(text)
-    markers, problems = [], []
-    for m in MARKER.finditer(visible):
+    found = []
+    for m in pattern.finditer(visible):
         line_start = visible.rfind("\n", 0, m.start()) + 1
         line_end = visible.find("\n", m.end())
         line_end = len(visible) if line_end < 0 else line_end
         alone = not visible[line_start:m.start()].strip() and not visible[m.end():line_end].strip()
         scope = block_above(visible, line_start) if alone else (sentence_start(visible, m.start()), m.start())
+        found.append((m, line_of(text, m.start()), scope))
+    return found
+
+
+def find_markers(text: str, committed: set[str]) -> tuple[list[Marker], list[tuple[int, str]]]:
+    """The markers of ``text`` (code excluded) with their scopes, and (line, problem) for each
+    marker that names no committed file or no known reason."""
+    markers, problems = [], []
+    for m, line, scope in marker_scopes(text, MARKER):
         paths, reason, problem = parse_body(m.group("body"), committed)
-        line = line_of(text, m.start())
         if problem:
             problems.append((line, problem))
         markers.append(Marker(line, scope, paths, reason))

@@ -13,10 +13,12 @@ and the table; everything between the two marker lines is generated:
     <!-- end generated -->
 
     python -m babygpt.doctables            rewrite the blocks of README.md, docs/results.md and the lessons
-    python -m babygpt.doctables --check    exit 1, naming each block that differs from its report, and
+    python -m babygpt.doctables --check    exit 1, naming each block that differs from its report,
                                            each result figure of README.md, docs/*.md and
                                            docs/learn/*.md that no committed result file holds
-                                           (file:line and the figure; the rule is in docfigures.py)
+                                           (file:line and the figure; the rule is in docfigures.py),
+                                           and each verdict stated in them that its table does not
+                                           draw or that names no table (docverdicts.py)
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import sys
 from dataclasses import dataclass
 
 from .docfigures import Sources, unsourced_in_file
+from .docverdicts import verdict_problems_in_file
 from .errors import BabyGPTError
 from .files import write_atomic
 from .options import option, parse_into
@@ -133,7 +136,18 @@ def check(table_paths: list[str], figure_paths: list[str]) -> int:
     if figures:
         print("give each figure its committed source (a generated table, or a <!-- source: results/... --> "
               "marker after its sentence), or reword or drop it; see babygpt/docfigures.py", file=sys.stderr)
-    return 1 if stale or figures else 0
+    verdicts = [v for p in figure_paths for v in verdict_problems_in_file(p, ROOT, table_in_repository)]
+    for v in verdicts:
+        print(f"verdict: {v}", file=sys.stderr)
+    if verdicts:
+        print("state each verdict as its table draws it, with a <!-- verdict: REPORT#TABLE name=verdict --> "
+              "marker after its sentence; see babygpt/docverdicts.py", file=sys.stderr)
+    return 1 if stale or figures or verdicts else 0
+
+
+def table_in_repository(report: str, key: str) -> str:
+    """report_table() of a report named relative to the repository."""
+    return report_table(os.path.join(ROOT, report), key)
 
 
 def main(argv: list[str]) -> int:

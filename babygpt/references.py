@@ -1,7 +1,7 @@
 """``python -m babygpt.references [--data_dir DIR]``: print the data's reference losses.
 
 The losses themselves are computed in babygpt/ngram.py (the add-one unigram, and interpolated
-Kneser-Ney n-gram models for n = 2..8) and cached in DIR/floors.json. This module is the command
+Kneser-Ney n-gram models for n = 2..10, plain and modified) and cached in DIR/floors.json. This module is the command
 only: no library module imports it, so it may import babygpt.cli.
 """
 
@@ -11,7 +11,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from .ngram import COLLAPSE_MARGIN, FLOORS_FILE, label, load_or_measure, strongest
+from .ngram import COLLAPSE_MARGIN, FLOORS_FILE, label, load_or_measure, parse_key, strongest
 from .options import option, parse_into
 
 
@@ -23,16 +23,22 @@ class ReferenceOptions:
 
 
 def note(key: str, record: dict) -> str:
-    """How the loss of ``key`` is made, in a few words."""
+    """How the loss of ``key`` is made, in a few words: the unigram's rule, or a Kneser-Ney model's
+    discounts, order 1 first (one per order for plain KN; D1/D2/D3+ per order for modified KN)."""
     if key == "unigram":
         return f"add-one; a run within {COLLAPSE_MARGIN:g} nats of it is collapsed"
-    return "discounts D_1..D_n " + ", ".join(f"{d:.4f}" for d in record.get("discounts", {}).get(key, []))
+    levels = record.get("discounts", {}).get(key, [])
+    if parse_key(key) is None or not levels:
+        return "no discounts recorded"
+    if len(levels[0]) == 1:
+        return "discounts D_1..D_n " + ", ".join(f"{level[0]:.4f}" for level in levels)
+    return "discounts D1/D2/D3+ of orders 1..n " + ", ".join("/".join(f"{d:.3f}" for d in level) for level in levels)
 
 
 def report_lines(record: dict, cached: bool, path: str) -> list[str]:
     """One line per reference loss (with its discounts), then the strongest and where it came from."""
     values = record["floors"]
-    lines = [f"{key:8s} {nats:.4f} nats  {label(key):10s} ({note(key, record)})" for key, nats in values.items()]
+    lines = [f"{key:8s} {nats:.4f} nats  {label(key):19s} ({note(key, record)})" for key, nats in values.items()]
     best = strongest(values)
     if best:
         lines.append(f"strongest: {label(best[0])}, {best[1]:.4f} nats")
@@ -49,7 +55,8 @@ def main(argv: list[str]) -> int:
 
     args = parse_into(ReferenceOptions, argv, "python -m babygpt.references [--data_dir DIR]",
                       "Cross-entropy of the validation split under n-gram models of the train split: the "
-                      "add-one unigram, and interpolated Kneser-Ney for n = 2..8 with discounts chosen on a "
+                      "add-one unigram, and interpolated Kneser-Ney for n = 2..10, plain (one discount per "
+                      "order) and modified (three per order, Chen & Goodman 1998), with discounts chosen on a "
                       "held-out tenth of train.")
     train, val, tok = load_dataset(args.data_dir)
     record, cached = load_or_measure(args.data_dir, train, val, tok.vocab_size)

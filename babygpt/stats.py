@@ -1,5 +1,6 @@
-"""The statistics of comparing configurations (GUIDE §6): t-intervals over seeds, paired
-differences, Wortsman et al.'s LR sensitivity, and Kendall's tau between two rankings.
+"""The statistics of comparing configurations (docs/experiments.md): t-intervals over seeds, paired
+differences and their tests (Holm's correction, TOST), how many pairs would decide a comparison,
+Wortsman et al.'s LR sensitivity, and Kendall's tau between two rankings.
 
 Seeds are the unit of replication: a configuration's runs differ only in ``seed`` (its init and
 its data order), and two configurations run with the same seeds are *paired*, which removes the
@@ -8,36 +9,21 @@ part of the seed-to-seed spread they share.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import statistics
 from dataclasses import dataclass
 
-# Two-sided 95% quantiles of Student's t, t_{0.975, df}, for df = 1 .. 30 (standard table values).
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042)
-Z_975 = 1.959964
-
-
-def t_quantile(df: int) -> float:
-    """t_{0.975, df}: the table up to 30 degrees of freedom, then the Cornish-Fisher expansion
-    z + (z^3 + z) / (4 df) + (5 z^5 + 16 z^3 + 3 z) / (96 df^2), within 0.0002 of the exact value there."""
-    if df < 1:
-        raise ValueError(f"a t-interval needs at least 2 values (df >= 1), got df={df}")
-    if df <= len(T_975):
-        return T_975[df - 1]
-    z = Z_975
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-
-
 def mean_ci(values: list[float]) -> tuple[float, float]:
-    """(mean, half-width of its 95% t-interval); the half-width is nan for a single value."""
+    """(mean, half-width of its 95% t-interval); the half-width is nan for a single value. The
+    quantile t_{0.975, n-1} is the exact one (t_ppf), not a rounded table value: a table cell shows
+    three decimals, and a quantile rounded to three decimals moves its last digit."""
     values = list(values)
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, math.nan
-    return mean, t_quantile(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, t_ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
 
 
 def paired_difference(a: list[float], b: list[float]) -> tuple[float, float]:
@@ -101,8 +87,10 @@ def t_cdf(t: float, df: float) -> float:
     return 1.0 - tail if t > 0 else tail
 
 
+@functools.lru_cache(maxsize=4096)
 def t_ppf(p: float, df: float) -> float:
-    """The t with P(T <= t) = p (0 < p < 1), by bisection on t_cdf (to 1e-10)."""
+    """The t with P(T <= t) = p (0 < p < 1), by bisection on t_cdf (to 1e-10 relative); cached,
+    since a table asks for the same few quantiles many times (leave-one-out, pairs to decide)."""
     if not 0.0 < p < 1.0:
         raise ValueError(f"a quantile needs 0 < p < 1, got {p}")
     if p < 0.5:
@@ -168,14 +156,61 @@ def holm(p_values: list[float]) -> list[float]:
 
 
 def holm_levels(p_values: list[float], alpha: float = 0.05) -> list[float]:
-    """The confidence of the interval that matches each hypothesis' Holm step: 1 - alpha / (k - rank),
-    rank counted from 0 over the p-values sorted ascending (the smallest gets Bonferroni's 1 - alpha/k)."""
+    """The confidence of the interval that matches each hypothesis' Holm step (Holm 1979), so that
+    an interval excludes zero exactly where Holm rejects. Over the p-values sorted ascending, step
+    ``rank`` (from 0) tests at alpha / (k - rank) while every earlier step rejected: those get
+    1 - alpha / (k - rank). Holm stops at its first non-rejection; the hypotheses after it are never
+    tested at a step of their own, so they, and the one it stopped at, get the stopping step's
+    1 - alpha / (k - stop). Their p-values are at least the one Holm stopped at, which exceeds that
+    step's alpha, so their intervals hold zero, beside the "inconclusive" they are given."""
     k = len(p_values)
     order = sorted(range(k), key=lambda i: p_values[i])
-    levels = [0.0] * k
+    levels, stop = [0.0] * k, None
     for rank, i in enumerate(order):
-        levels[i] = 1 - alpha / (k - rank)
+        if stop is None and p_values[i] > alpha / (k - rank):
+            stop = rank
+        levels[i] = 1 - alpha / (k - (rank if stop is None else stop))
     return levels
+
+
+# ---------------------------------------------------------------- how many pairs would decide
+
+POWER = 0.8  # the chance of deciding that "pairs to decide" is sized for
+MAX_PAIRS = 10_000  # beyond this many pairs the count is not worth giving ("> 10,000")
+
+
+def pairs_for_equivalence(sd: float, margin: float, alpha: float, power: float = POWER) -> int | None:
+    """The smallest n of seed pairs whose TOST (each one-sided test at ``alpha``) shows equivalence
+    within +-``margin`` with probability ``power`` when the true difference is 0 and the paired
+    differences have standard deviation ``sd`` (Chow, Shao & Wang 2008, Sample Size Calculations in
+    Clinical Research, sec. 3.2). TOST passes when |mean| + t_{1-alpha, n-1} s / sqrt(n) < margin;
+    with the mean ~ N(0, sd^2 / n) that has probability 2 Phi(sqrt(n) margin / sd - t_{1-alpha}) - 1,
+    at least ``power`` when
+        sqrt(n) margin / sd >= t_{1-alpha, n-1} + t_{1-(1-power)/2, n-1},
+    the second quantile a t's in place of the normal's for the estimated sd. None beyond MAX_PAIRS."""
+    return smallest_pairs(margin / sd if sd > 0 else math.inf, 1 - alpha, 1 - (1 - power) / 2)
+
+
+def pairs_for_difference(sd: float, difference: float, alpha: float, power: float = POWER) -> int | None:
+    """The smallest n of seed pairs whose two-sided paired t-test at ``alpha`` rejects "no difference"
+    with probability ``power`` when the true difference is ``difference`` and the paired differences
+    have standard deviation ``sd`` (Chow, Shao & Wang 2008, sec. 3.1):
+        sqrt(n) |difference| / sd >= t_{1-alpha/2, n-1} + t_{power, n-1}.
+    None beyond MAX_PAIRS (a difference of 0 is never shown)."""
+    return smallest_pairs(abs(difference) / sd if sd > 0 else math.inf, 1 - alpha / 2, power)
+
+
+def smallest_pairs(effect: float, test_quantile: float, power_quantile: float) -> int | None:
+    """The smallest n >= 2 with sqrt(n) effect >= t_{test_quantile, n-1} + t_{power_quantile, n-1}
+    (effect: the difference to resolve over the paired sd). t quantiles exceed the normal's, so the
+    normal's n, ((z_test + z_power) / effect)^2, is a lower bound the search starts from."""
+    if effect == 0:
+        return None
+    z = statistics.NormalDist().inv_cdf
+    n = max(2, math.ceil(((z(test_quantile) + z(power_quantile)) / effect) ** 2))
+    while n <= MAX_PAIRS and math.sqrt(n) * effect < t_ppf(test_quantile, n - 1) + t_ppf(power_quantile, n - 1):
+        n += 1
+    return n if n <= MAX_PAIRS else None
 
 
 # ---------------------------------------------------------------- agreement between two rankings

@@ -20,16 +20,17 @@ from typing import Callable
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from . import distributed
 from .checkpoint import pack_training_state, restore_rng, resume_training_state, save_checkpoint
 from .config import TrainConfig, changed_settings, to_dict, with_resolved_dtype
-from .data import BatchSampler, CharTokenizer, load_dataset
+from .data import BatchSampler, CharTokenizer, load_dataset, tune_and_test
 from .diagnostics import NO_HOOK, LayerDiagnostics, StepHook
 from .model import GPT, GPTConfig
-from .ngram import data_floors, is_collapsed
+from .ngram import data_floors, is_collapsed, scheme_floors
 from .rundir import RunDir, owned, run_record
 from .runtime import (autocast, check_dtype, dtype_note, machine, resolve_device, use_deterministic_kernels,
                       uses_grad_scaler)
@@ -107,17 +108,97 @@ def full_split_loss(model: nn.Module, data: np.ndarray, cfg: TrainConfig, device
     return (total[0] / total[1]).item(), int(total[1].item())
 
 
+def eval_stride(block_size: int) -> int:
+    """The sliding evaluation's stride: half a window, so that every target after the first
+    window is scored with at least block_size // 2 + 1 characters of context."""
+    return max(1, block_size // 2)
+
+
+def sliding_windows(length: int, block_size: int, stride: int) -> list[tuple[int, int]]:
+    """(start, first scored offset) of each window of the sliding evaluation of a text of ``length``
+    ids: windows start at 0, stride, 2 stride, ...; the first scores all its targets, each later one
+    only its last ``stride`` (offsets block_size - stride ..), which the windows before it have not
+    scored. A window reads ids[start : start + block_size] (cut at the text's end) and predicts the
+    next id at each position, so every target 1 .. length - 1 is scored exactly once, the one at
+    offset j with j + 1 characters of context (ngram.sliding_contexts gives the same counts)."""
+    windows = [(0, 0)] if length > 1 else []
+    start = stride
+    while start + block_size - stride < length - 1:  # the window still has a target to score
+        windows.append((start, block_size - stride))
+        start += stride
+    return windows
+
+
+def window_batches(ids: torch.Tensor, windows: list[tuple[int, int]], block_size: int,
+                   batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The windows as (x, y, first scored offset) batches: full-length windows batch_size at a time,
+    (b, T), (b, T), (b,); a window cut short by the text's end on its own."""
+    last = len(ids) - 1  # the last input position + 1
+    full = [w for w in windows if w[0] + block_size <= last]
+    batches = []
+    for i in range(0, len(full), batch_size):
+        chunk = torch.tensor(full[i:i + batch_size])  # (b, 2)
+        at = chunk[:, :1] + torch.arange(block_size)  # (b, T) input positions
+        batches.append((ids[at], ids[at + 1], chunk[:, 1]))
+    for start, first in windows[len(full):]:
+        batches.append((ids[start:last].view(1, -1), ids[start + 1:].view(1, -1), torch.tensor([first])))
+    return batches
+
+
+@torch.no_grad()
+def sliding_split_loss(model: nn.Module, data: np.ndarray, cfg: TrainConfig, device: torch.device,
+                       dist: distributed.Dist = distributed.Dist(), stride: int | None = None) -> tuple[float, int]:
+    """(mean loss, targets) over every target of ``data``, each scored once with at least half a
+    window of context after the first window (``sliding_windows``, stride ``eval_stride`` unless
+    given): the number that is compared with the n-gram floors scored on the same targets with the
+    same context. It costs about block_size / stride times full_split_loss. Dropout off; under
+    torchrun the batches are shared out among the ranks."""
+    was_training = model.training
+    model.eval()
+    T = cfg.model.block_size
+    ids = torch.from_numpy(data.astype(np.int64))
+    windows = sliding_windows(len(ids), T, eval_stride(T) if stride is None else stride)
+    total = torch.zeros(2, dtype=torch.float64, device=device)  # (summed token losses, targets) on this rank
+    for k, (xb, yb, first) in enumerate(window_batches(ids, windows, T, cfg.batch_size)):
+        if k % dist.world_size == dist.rank:
+            with autocast(device, cfg.dtype):
+                logits = model(xb.to(device), yb.to(device))[0]  # (b, t, V); its mean loss is not the one wanted
+            losses = F.cross_entropy(logits.float().flatten(0, 1), yb.to(device).flatten(), reduction="none")
+            scored = torch.arange(yb.shape[1], device=device) >= first.to(device)[:, None]  # (b, t)
+            total += torch.stack([(losses.view(yb.shape) * scored).sum().double(), scored.sum().double()])
+    total = dist.sum(total)
+    model.train(was_training)
+    return (total[0] / total[1]).item(), int(total[1].item())
+
+
 def final_evaluation(net: nn.Module, splits: dict, vocab_size: int, cfg: TrainConfig, device: torch.device,
                      dist: distributed.Dist) -> dict:
-    """summary.json's end-of-run fields: the loss over the whole validation split, with the
-    n-gram reference points of the data beside it (see ngram.py; computed once per data, then read
-    from cfg.data_dir/floors.json), and what the loss cost in seconds."""
+    """summary.json's end-of-run fields:
+
+    * val_loss_full: the loss over the whole validation split in non-overlapping windows (the
+      number every table drawn before the test split compares), with the data's n-gram floors
+      (``references``, full context; see ngram.py) and what it cost;
+    * tune_loss and test_loss: the sliding-window loss (``sliding_split_loss``, stride eval_stride)
+      of the validation split's two parts (data.tune_and_test): LRs are chosen on the first, the
+      reported numbers come from the second; ``references_test`` holds the n-gram floors scored on
+      exactly the test part's targets with the same context caps, so the two compare alike.
+
+    The floors are computed once per data and scoring scheme, then read from cfg.data_dir/floors.json."""
     started = time.perf_counter()
     loss, targets = full_split_loss(net, splits["val"], cfg, device, dist)
     seconds = round(time.perf_counter() - started, 3)
     refs = data_floors(cfg.data_dir, splits["train"], splits["val"], vocab_size)
+    stride = eval_stride(cfg.model.block_size)
+    started = time.perf_counter()
+    tune, test = tune_and_test(splits["val"])
+    tune_loss, _ = sliding_split_loss(net, tune, cfg, device, dist, stride)
+    test_loss, test_targets = sliding_split_loss(net, test, cfg, device, dist, stride)
+    sliding_seconds = round(time.perf_counter() - started, 3)
+    scheme = f"sliding{cfg.model.block_size}s{stride}"
     return {"val_loss_full": finite_or_none(loss), "val_targets_full": targets, "val_time_full_s": seconds,
-            "references": refs}
+            "references": refs, "tune_loss": finite_or_none(tune_loss), "test_loss": finite_or_none(test_loss),
+            "test_targets": test_targets, "eval_stride": stride, "sliding_time_s": sliding_seconds,
+            "references_test": scheme_floors(cfg.data_dir, splits["train"], test, vocab_size, scheme)}
 
 
 def compile_or_fall_back(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:

@@ -239,29 +239,95 @@ def count_runs(n: int) -> str:
 
 
 def reference_losses(data_dir: str) -> dict:
-    """The data's reference losses (babygpt.ngram.floors: the add-one unigram and Kneser-Ney
-    n = 2..8), read from data_dir/floors.json when it was made from these splits."""
+    """The data's reference losses with full context (babygpt.ngram.floors: the add-one unigram,
+    and Kneser-Ney and modified Kneser-Ney n = 2..10), read from data_dir/floors.json when it was
+    made from these splits."""
     from babygpt.ngram import data_floors
 
     train, val, tok = load_dataset(data_dir)
     return data_floors(data_dir, train, val, tok.vocab_size)
 
 
-def references_section(refs: dict) -> str:
-    """The report's table of reference points, with how they are made, which is the strongest
-    (in bold) and what 'collapsed' means."""
-    from babygpt.ngram import COLLAPSE_MARGIN, label, strongest
+@dataclass
+class Floors:
+    """The n-gram floors a table's runs are read against: scored on the runs' own targets with the
+    context each target had (``scheme``, see babygpt.ngram.scheme_contexts), and how, in words."""
 
-    best = strongest(refs)
-    cells = [f"**{v:.4f}**" if best and key == best[0] else f"{v:.4f}" for key, v in refs.items()]
-    return ("Reference points of the data: the cross-entropy of the validation split under n-gram models "
-            "whose counts come from the train split (`python -m babygpt.references`). The unigram is "
-            "add-one smoothed character frequencies; the others are interpolated Kneser-Ney models of "
-            "n = 2..8 characters, their discounts chosen on a held-out tenth of the train split, never on "
-            "the validation split; the strongest is in bold. A run that ends within "
-            f"{COLLAPSE_MARGIN:g} nats of the unigram loss, or above it, is *collapsed*:\n\n"
+    refs: dict
+    scheme: str
+    how: str
+
+
+def block_size_of(rows) -> int | None:
+    """The context length the runs of ``rows`` trained with (their config.json), None if no run has one."""
+    from babygpt.rundir import read_json
+
+    for row in rows:
+        info = read_json(os.path.join(row["out_dir"], "config.json")) if row.get("out_dir") else None
+        if info:
+            return int(info["config"]["block_size"])
+    return None
+
+
+def matched_floors(data_dir: str, rows) -> Floors | None:
+    """The floors of the text the runs of ``rows`` are scored on, under their own scoring: the test
+    part in sliding windows (compare.loss_split is "test"), else the whole validation split in the
+    non-overlapping windows of trainer.full_split_loss. None without a finished run."""
+    from babygpt.compare import loss_split
+    from babygpt.data import tune_and_test
+    from babygpt.ngram import scheme_floors
+    from babygpt.trainer import eval_stride
+
+    rows = list(rows)
+    block = block_size_of(r for r in rows if r["status"] == "finished")
+    if block is None:
+        return None
+    train, val, tok = load_dataset(data_dir)
+    if loss_split(rows) == "test":
+        stride = eval_stride(block)
+        scheme, text = f"sliding{block}s{stride}", tune_and_test(val)[1]
+        how = (f"the test part (the second half of the validation split) in windows of {block} characters "
+               f"every {stride}, as the runs' test_loss scores it")
+    else:
+        scheme, text = f"windows{block}", val
+        how = (f"the whole validation split in consecutive windows of {block} characters, as the runs' "
+               f"val_loss_full scores it (a window's first targets see fewer characters)")
+    return Floors(scheme_floors(data_dir, train, text, tok.vocab_size, scheme), scheme, how)
+
+
+def references_section(refs: dict, matched: Floors | None = None) -> str:
+    """The report's table of reference points: every n-gram model with full context, and where the
+    runs were scored on other targets or with less context (``matched``), the same models scored as
+    the runs were; the strongest of each row in bold; and what 'collapsed' means."""
+    from babygpt.ngram import COLLAPSE_MARGIN, FAMILIES, label, parse_key, strongest
+
+    orders = sorted({parse_key(k)[1] for k in refs if parse_key(k)})
+    rows = [("full context", refs)] + ([(f"as the runs: `{matched.scheme}`", matched.refs)] if matched else [])
+    body = []
+    for scored, values in rows:
+        best = strongest(values)
+        for family in FAMILIES:
+            cells = [values.get(family.key(n)) for n in orders]
+            if all(v is None for v in cells):  # e.g. floors from before modified Kneser-Ney
+                continue
+            body.append([f"{family.name}, {scored}", f"{values['unigram']:.4f}"]
+                        + ["—" if v is None else f"**{v:.4f}**" if best and family.key(n) == best[0] else f"{v:.4f}"
+                           for n, v in zip(orders, cells)])
+    strongest_lines = "; ".join(f"{scored}: {label(strongest(values)[0])}, {strongest(values)[1]:.4f}"
+                                for scored, values in rows if strongest(values))
+    return ("Reference points of the data: the cross-entropy under n-gram models whose counts come from the "
+            "train split (`python -m babygpt.references`). The unigram is add-one smoothed character "
+            "frequencies; the others are interpolated Kneser-Ney (KN, one discount per order; Kneser & Ney "
+            "1995) and modified Kneser-Ney (three discounts per order; Chen & Goodman 1998) of n characters, "
+            "their discounts chosen on a held-out tenth of the train split, never on the validation split. "
+            "*Full context* scores the validation split from its tenth character on, each target with its "
+            "n − 1 characters before it"
+            + (f"; *as the runs* scores {matched.how}, each model using at most the characters the "
+               f"transformer had" if matched else "")
+            + f". Strongest: {strongest_lines}. A run that ends within {COLLAPSE_MARGIN:g} nats of the unigram "
+            "loss, or above it, is *collapsed*:\n\n"
             + table_marker("references")
-            + markdown_table([f"{label(key)} (nats)" for key in refs], [cells]))
+            + markdown_table(["model (nats)", "unigram", *[f"n = {n}" for n in orders]], body))
 
 
 def table_section(heading: str, intro: str, key: str, table: str) -> str:

@@ -1,6 +1,6 @@
 """Experiment 2: the norm configurations head to head, each at its own tuned learning rate, over seeds.
 
-The protocol of GUIDE §6, the same for every configuration:
+The protocol of docs/experiments.md, the same for every configuration:
   1. Tune on seeds 0..T-1 (T >= 2 tuning seeds): the half-decade LR grid (3e-4 ... 3e-2), extended
      by half-decade steps while the best LR is at an edge, then refined to the quarter-decade
      points beside the best (babygpt.tuning). The tuned LR has the lowest *mean* final loss over
@@ -11,16 +11,22 @@ The protocol of GUIDE §6, the same for every configuration:
      lowest and are biased low), at each configuration's tuned LR. A seed fixes the init and the
      data order, so seed s of two configurations is a pair. Each configuration gets its paired
      difference to the baseline, and the table's verdicts are drawn together (babygpt.compare):
-     better / worse after Holm-Bonferroni, equivalent within ±m by two one-sided tests (m: the
-     baseline's seed-to-seed standard deviation, unless --margin), otherwise inconclusive.
-  3. Robustness: the baseline also runs the evaluation seeds at its second-best LR, and every
-     verdict is drawn again against that; "robust" says whether it stays the same.
-"Loss" is the final evaluation over the whole validation split (val_loss_full); min_lr is always
-lr / 10, so the schedule keeps its shape across the grid.
+     better / worse after Holm-Bonferroni, equivalent within ±m by two one-sided tests (m: 0.01
+     nats, stated before the runs, unless --margin), otherwise inconclusive with the number of
+     pairs that would decide it. A run that diverged counts at the data's unigram loss.
+  3. Robustness: the baseline also runs the evaluation seeds at its second-best LR (with
+     --runner_up all, every configuration does), and every verdict is drawn again against that,
+     and with the configuration at its own; "robust" says whether it stays the same ("not run"
+     where those runs were not trained). Each better/worse verdict is drawn again with each
+     evaluation seed left out in turn ("leave-one-seed-out").
+"Loss" is the final evaluation of the validation split's test part (test_loss), and LRs are tuned on
+its other part (tune_loss); runs from before that split was recorded are tuned and reported on the
+whole split (val_loss_full), as the report says (babygpt.compare.loss_split). min_lr is always lr / 10,
+so the schedule keeps its shape across the grid.
 
 Tiers: --quick checks the pipeline (tiny model, 2 LRs, no extension); the default uses
 _common.DEFAULT_BUDGET with 400 iterations; --full uses train.py's own budget (2,400 iterations)
-and tunes there too, as GUIDE §6 asks (a verdict at a budget needs LRs tuned at that budget): each
+and tunes there too, as docs/experiments.md asks (a verdict at a budget needs LRs tuned at that budget): each
 configuration's search starts from the three half-decade points around the LR the default tier
 tuned for it (--tuned_from, one or more default-tier outputs), and is extended and refined as in
 the default tier; then the same five evaluation seeds. --beyond is the beyond-n-gram tier: the
@@ -30,7 +36,7 @@ same protocol as --full at the regime frontier's point below the strongest n-gra
 --jobs 8 runs eight at once on it; on CPU a run takes over half an hour at one thread.
 
     python experiments/exp2_norm_comparison.py [--quick | --full | --beyond] [--configs A.py,B.py] [--baseline NAME]
-        [--tune_seeds T] [--seeds E] [--margin M] [--jobs N] [--out DIR]
+        [--tune_seeds T] [--seeds E] [--margin M] [--runner_up baseline|all] [--jobs N] [--out DIR]
 
 Writes results.csv (one row per run), tuned_lrs.json, norm_comparison.png, lr_sensitivity.png
 (not in --full) and report.md.
@@ -41,13 +47,13 @@ import os
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Literal, Optional
 
 import _common
 
 from babygpt.config import FIELDS
-from babygpt.compare import MIN_PAIRS_FOR_VERDICT, compare_table, equivalence_margin, floor_interval, \
-    mean_interval, outcome_counts, run_loss
+from babygpt.compare import EQUIVALENCE_MARGIN, MIN_PAIRS_FOR_VERDICT, compare_table, floor_interval, \
+    leave_one_seed_out, loss_split, mean_interval, outcome_counts, split_sentence, tuning_loss, verdict_loss
 from babygpt.errors import BabyGPTError
 from babygpt.ngram import label, strongest
 from babygpt.options import option
@@ -119,8 +125,10 @@ class Exp2Options(_common.TrainingOptions):
                                         "(none: 5; quick 2)")
     lrs: Optional[str] = option(None, "the LR grid the search starts from (none: 3e-4,1e-3,3e-3,1e-2,3e-2; "
                                       "quick 3e-3,3e-2)")
-    margin: Optional[float] = option(None, "the equivalence margin m in nats (none: the baseline's seed-to-seed "
-                                           "standard deviation)")
+    margin: Optional[float] = option(None, "the equivalence margin m in nats, stated before the runs (none: "
+                                           f"{EQUIVALENCE_MARGIN:g}, a difference that would matter at this scale)")
+    runner_up: Literal["baseline", "all"] = option("baseline", "whose evaluation seeds also run at their runner-up "
+                                                               "LR: the baseline's, or every configuration's")
     beyond: bool = option(False, "the beyond-n-gram tier: --full's protocol at the regime frontier's point "
                                  "below the n-gram floors (context 128, 4,800 iterations; writes to "
                                  "results/beyond/)")
@@ -179,6 +187,14 @@ class Plan:
         return {name: [Run(lr_overrides(lrs[name]), s, self.configs[name]) for s in self.seeds] if lrs.get(name)
                 else [] for name in self.configs}
 
+    def runner_up_runs(self, second: dict) -> dict:
+        """{name: the evaluation seeds' runs at its runner-up LR second[name]} for the sides
+        --runner_up asks for: the baseline alone (the default, as sweeps made before the option
+        were), or every configuration ([] where it has no runner-up LR)."""
+        sides = list(self.configs) if getattr(self.args, "runner_up", "baseline") == "all" else [self.baseline]
+        runs = self.seed_runs({name: second.get(name) for name in sides})
+        return {name: runs[name] for name in sides}
+
     def sweep(self, runs: list) -> Sweep:
         return _common.sweep(self.out, runs, self.base_args, self.args)
 
@@ -186,14 +202,15 @@ class Plan:
 @dataclass
 class Outcome:
     """What the training left: the search's mean losses, the tuned and runner-up LRs, the evaluation
-    runs (at the tuned LRs, and the baseline at its runner-up) and every run's results row."""
+    runs (at the tuned LRs, and at the runner-up LRs of the sides --runner_up names: {name: runs})
+    and every run's results row."""
 
     means: dict  # name -> {lr: mean loss over the tuning seeds}
     tuned: dict  # name -> LR or None
     second: dict  # name -> LR or None
     censored: dict  # name -> True where the best LR stayed at an edge of the search
     seed_runs: dict
-    robustness_runs: list
+    robustness_runs: dict
     rows: dict
 
 
@@ -224,7 +241,7 @@ def start_grids(args, tier: str, configs: dict, tuned_from: str) -> dict:
 
 def train(args, plan: Plan) -> Outcome:
     """The LR search on the tuning seeds, then the evaluation seeds at each configuration's tuned LR
-    and the baseline's at its runner-up LR."""
+    and at the runner-up LRs --runner_up asks for (Plan.runner_up_runs)."""
     known = [r for by_lr in plan.tuning(plan.grids).values() for rs in by_lr.values() for r in rs]
     plan.base_args = _common.budget_args(args, EXP2_BUDGET if plan.tier == "default" else {}, known)
     _common.claim(plan.out, args, NAME, plan.sweep(known))
@@ -234,10 +251,9 @@ def train(args, plan: Plan) -> Outcome:
               "second": {n: (ranked(m) + [None, None])[1] for n, m in means.items()},
               "censored": {n: search.censored(means[n]) for n, (search, _) in searched.items()}}
     seed_runs = plan.seed_runs(record["tuned"])
-    second = record["second"].get(plan.baseline)
-    robustness = plan.seed_runs({plan.baseline: second})[plan.baseline] if second else []
+    robustness = plan.runner_up_runs(record["second"])
     rows = _common.finished_rows(plan.sweep(plan.tuning_runs + [r for rs in seed_runs.values() for r in rs]
-                                            + robustness))
+                                            + [r for rs in robustness.values() for r in rs]))
     write_json(os.path.join(plan.out, TUNED_FILE),
                {"lrs": sorted({lr for grid in plan.grids.values() for lr in grid}), "grids": plan.grids,
                 "tune_seeds": plan.tune_seeds, **record,
@@ -251,10 +267,11 @@ def train_round(plan: Plan, wanted: dict) -> dict:
     the rounds before; {name: {lr: [loss by tuning seed]}} over every LR tried so far."""
     plan.tuning_runs += [r for by_lr in plan.tuning(wanted).values() for rs in by_lr.values() for r in rs]
     rows = _common.finished_rows(plan.sweep(plan.tuning_runs), last=False)
+    loss_split(rows.values())  # refuses runs from before the test split beside runs from after it
     losses: dict = {name: {} for name in plan.configs}
     for run in plan.tuning_runs:
         name = config_name(run.config)
-        losses[name].setdefault(run.overrides["learning_rate"], []).append(run_loss(rows[run.name]))
+        losses[name].setdefault(run.overrides["learning_rate"], []).append(tuning_loss(rows[run.name]))
     return losses
 
 
@@ -263,9 +280,11 @@ def write_results(args, plan: Plan, outcome: Outcome, tuned_from: str, started) 
     sweep = plan.sweep([])
     rows = outcome.rows
     refs = _common.reference_losses(args.data_dir)
-    losses = {name: [run_loss(rows[r.name]) for r in rs] for name, rs in outcome.seed_runs.items()}
-    margin = args.margin or equivalence_margin(losses[plan.baseline])
-    runner_up = [run_loss(rows[r.name]) for r in outcome.robustness_runs]
+    # the floors scored on the targets the runs were scored on, with the same context (or none yet)
+    matched = _common.matched_floors(args.data_dir, rows.values())
+    losses = verdict_losses(outcome.seed_runs, rows, refs.get("unigram"))
+    runner_up = verdict_losses(outcome.robustness_runs, rows, refs.get("unigram"))
+    margin = args.margin or EQUIVALENCE_MARGIN
     seeds = f"seeds {', '.join(map(str, plan.seeds))}"
     plot_curves({n: [load_run(sweep.out_dir(r)) for r in rs] for n, rs in outcome.seed_runs.items()}, refs,
                 os.path.join(plan.out, "norm_comparison.png"), f"val loss, mean and range over {seeds}, "
@@ -280,14 +299,14 @@ def write_results(args, plan: Plan, outcome: Outcome, tuned_from: str, started) 
     trained = {config_name(r.config) for r in plan.tuning_runs if rows[r.name]["status"] == "finished"}
     sensitivities = sensitivities_over_one_grid(plan.grids, outcome.means, initial, trained)
     sections = [f"Tier `{plan.tier}`. Budget per run: {budget or 'train.py defaults'}; min_lr = lr/10; {how}"
-                f"{seeds} at each configuration's tuned LR, paired with {plan.baseline}. Losses are the final "
-                f"evaluation over the whole validation split. {verdict_rule(len(plan.configs) - 1, margin, args.margin)} "
+                f"{seeds} at each configuration's tuned LR, paired with {plan.baseline}. {splits(plan, outcome)} "
+                f"{verdict_rule(len(plan.configs) - 1, margin, args.margin, refs.get('unigram'))} "
                 f"{_common.training_time(rows.values())}."
                 + ("" if sensitivities else " Each configuration searched its own grid, so the LR sensitivity "
                    "(which compares configurations over one grid) is left out: see the default tier's."),
                 _common.table_marker("tuned") + tuned_table(plan, outcome, losses, runner_up, margin, sensitivities,
-                                                            strongest(refs)),
-                _common.references_section(refs), "![](norm_comparison.png)"]
+                                                            strongest(matched.refs if matched else refs)),
+                _common.references_section(refs, matched), "![](norm_comparison.png)"]
     plot_lr_curves(outcome.means, refs, initial, os.path.join(plan.out, "lr_sensitivity.png"))
     sections.insert(2, f"Final loss by learning rate, the mean over tuning {tune} (**bold**: the tuned LR, "
                     "*italic*: the runner-up; diverged: a tuning seed diverged; blank: not tried):\n\n"
@@ -295,6 +314,14 @@ def write_results(args, plan: Plan, outcome: Outcome, tuned_from: str, started) 
     sections.append("![](lr_sensitivity.png)")
     _common.write_report(os.path.join(plan.out, "report.md"), "Normalization configurations compared",
                          _common.command_line(), "\n\n".join(sections), started)
+
+
+def splits(plan: Plan, outcome: Outcome) -> str:
+    """The report's sentence on the parts of the validation split the LRs were tuned on and the
+    losses are reported on (compare.loss_split of the tuning runs, then of the evaluation runs)."""
+    evaluated = [r for runs in (*outcome.seed_runs.values(), *outcome.robustness_runs.values()) for r in runs]
+    return split_sentence(loss_split(outcome.rows[r.name] for r in plan.tuning_runs),
+                          loss_split(outcome.rows[r.name] for r in evaluated))
 
 
 def search_start(plan: Plan, tuned_from: str) -> str:
@@ -317,16 +344,33 @@ def sensitivities_over_one_grid(grids: dict, means: dict, initial: dict, trained
     return {n: sensitivity(grids[n], means[n], initial[n], n in trained) for n in means}
 
 
-def verdict_rule(k: int, margin: float, stated: float | None) -> str:
-    """The report's sentence on how the table's verdicts are drawn."""
-    why = "given with --margin" if stated else "the baseline's seed-to-seed standard deviation"
+def verdict_rule(k: int, margin: float, stated: float | None, unigram: float | None) -> str:
+    """The report's sentences on how the table's verdicts are drawn: what babygpt.compare does."""
     over = "for the table's one comparison" if k == 1 else f"over the table's {k} comparisons together"
-    return (f"Verdicts are drawn {over}: *better*/*worse* where the paired "
-            f"t-test rejects no difference after Holm-Bonferroni (family-wise 5%; the interval shown is the one "
-            f"at the comparison's Holm step), *equivalent within ±{margin:.3f}* where two one-sided tests "
-            f"(Holm as well) reject a difference of {margin:.3f} nats or more (m = {margin:.3f}: {why}), "
-            f"otherwise *inconclusive*; a verdict needs at least {MIN_PAIRS_FOR_VERDICT} seed pairs. *Robust* "
-            f"says whether the verdict stays the same against the baseline at its runner-up LR.")
+    given = " with --margin" if stated else ""
+    failed = (f"A run that diverged or was skipped out counts at the data's unigram loss ({unigram:.4f} nats), as a "
+              f"collapsed run in effect does" if unigram is not None else
+              "A run that diverged or was skipped out has no pair (the data's reference losses have no unigram "
+              "loss to count it at)")
+    return (f"Verdicts are drawn {over}: *better*/*worse* where the paired t-test rejects no difference after "
+            f"Holm-Bonferroni (family-wise 5%; the interval shown is the one at the comparison's Holm step, and for "
+            f"the comparisons at and after the step where Holm stopped, that step's, so an interval excludes zero "
+            f"only beside better/worse), *equivalent within ±{margin:.3f}* where two one-sided tests (Holm as well) "
+            f"reject a difference of {margin:g} nats or more (m = {margin:g} nats, stated before the "
+            f"runs{given} (not estimated from them)), otherwise *inconclusive*; a verdict needs at least "
+            f"{MIN_PAIRS_FOR_VERDICT} seed pairs. For an inconclusive comparison, *pairs to decide* is how many "
+            f"seed pairs its observed paired SD would need for an 80% chance to decide at its Holm level: TOST "
+            f"within ±m were the true difference 0, the t-test were it the observed one (Chow, Shao & Wang 2008). "
+            f"{failed}. *Leave-one-seed-out*: in how many of the tables drawn again with one evaluation seed "
+            f"deleted (from every configuration) a better/worse verdict stays. *Robust*: whether the verdict stays "
+            f"the same against the baseline at its runner-up LR, and with the configuration at its own (*not run*: "
+            f"those runs were not trained; --runner_up all trains them).")
+
+
+def verdict_losses(runs: dict, rows: dict, unigram: float | None) -> dict:
+    """{name: [the loss each run counts at in a verdict]} for {name: runs} (compare.verdict_loss: a
+    run that diverged at the data's ``unigram`` loss)."""
+    return {name: [verdict_loss(rows[r.name], unigram) for r in rs] for name, rs in runs.items()}
 
 
 # ---------------------------------------------------------------- reading the runs
@@ -383,19 +427,22 @@ def read_tuned(path: str, configs) -> dict:
 
 # ---------------------------------------------------------------- tables
 
-def tuned_table(plan: Plan, outcome: Outcome, losses: dict, runner_up: list, margin: float,
+def tuned_table(plan: Plan, outcome: Outcome, losses: dict, runner_up: dict, margin: float,
                 sensitivities: dict, floor: tuple[str, float] | None) -> str:
     """One row per configuration: its tuned LR, its evaluation seeds, where their mean lies against
     the data's strongest n-gram ``floor`` (key, nats: the regime its verdict is about), and its
-    verdict against the baseline, drawn over the table and again against the baseline at its
-    runner-up LR."""
+    verdict against the baseline, drawn over the table; for an inconclusive one the pairs that would
+    decide it, for a better/worse one how often it survives leaving a seed out, and for each whether
+    it survives either side at its runner-up LR (``runner_up``: {name: losses there}, absent where
+    not run)."""
     base = plan.baseline
     verdicts = compare_table(losses, base, margin)
-    again = compare_table({**losses, base: runner_up}, base, margin) if runner_up else {}
+    stable = leave_one_seed_out(losses, base, margin)
+    again = runner_up_verdicts(losses, base, runner_up, margin)
     header = ["configuration", "parameters", "tuned LR", "runner-up LR", "LR sensitivity", "runs",
-              "val loss, mean ± 95% CI", *([f"mean − {label(floor[0])} floor ({floor[1]:.4f})"] if floor else []),
-              f"paired Δ vs {base}, 95% CI", "Holm-step CI", "verdict",
-              f"robust to {base} at its runner-up LR", "train time / run (s)"]
+              "val loss, mean ± 95% CI", *([f"mean − {label(floor[0])} floor, scored as the runs ({floor[1]:.4f})"] if floor else []),
+              f"paired Δ vs {base}, 95% CI", "Holm-step CI", "verdict", "pairs to decide", "leave-one-seed-out",
+              f"robust at runner-up LR ({base}'s / own)", "train time / run (s)"]
     table = []
     for name in plan.configs:
         rs = [outcome.rows[r.name] for r in outcome.seed_runs[name]]
@@ -410,20 +457,41 @@ def tuned_table(plan: Plan, outcome: Outcome, losses: dict, runner_up: list, mar
                       outcome_counts(rs), mean_interval(losses[name]),
                       *([floor_interval(losses[name], floor[1])] if floor else []),
                       "(baseline)" if c is None else c.delta(), "—" if c is None else c.adjusted(),
-                      "—" if c is None else c.call(), robust_cell(c, again.get(name)),
+                      "—" if c is None else c.call(), "—" if c is None else c.to_decide(),
+                      "stable in {} of {} deletions".format(*stable[name]) if name in stable else "—",
+                      robust_cell(c, again.get(name)),
                       f"{statistics.fmean(r['wall_time_s'] or 0 for r in rs):.1f}" if rs else "—"])
     return _common.markdown_table(header, table)
 
 
-def robust_cell(comparison, against_runner_up) -> str:
-    """yes / no (and the verdict it becomes) against the baseline at its runner-up LR."""
-    if comparison is None:
+def runner_up_verdicts(losses: dict, base: str, runner_up: dict, margin: float) -> dict:
+    """{name: (its comparison against the baseline at the baseline's runner-up LR, and at its own
+    runner-up LR against the baseline at its tuned one)}, each drawn over the whole table again
+    with that side's losses replaced; in place of a comparison, "not run" where those runs were not
+    trained, "no runner-up LR" where the search found one LR only."""
+    def redrawn(side: str):
+        if side not in runner_up:
+            return None
+        return compare_table({**losses, side: runner_up[side]}, base, margin) if runner_up[side] else {}
+
+    against_base = redrawn(base)
+    sides = {}
+    for name in losses:
+        if name == base:
+            continue
+        own = redrawn(name)
+        sides[name] = tuple("not run" if table is None else table.get(name, "no runner-up LR")
+                            for table in (against_base, own))
+    return sides
+
+
+def robust_cell(comparison, sides) -> str:
+    """"<against the baseline at its runner-up LR> / <at its own runner-up LR>", each yes / no (and
+    the verdict it becomes) / not run / no runner-up LR."""
+    if comparison is None or sides is None:
         return "—"
-    if against_runner_up is None:
-        return "— (no runner-up runs)"
-    if against_runner_up.call() == comparison.call():
-        return "yes"
-    return f"no: {against_runner_up.call()} ({against_runner_up.delta()})"
+    return " / ".join(side if isinstance(side, str) else "yes" if side.call() == comparison.call()
+                      else f"no: {side.call()} ({side.delta()})" for side in sides)
 
 
 def lr_cell(mean: float | None, tuned: bool, second: bool) -> str:

@@ -421,11 +421,12 @@ def test_exp2_options_are_checked_together(monkeypatch):
     assert [config_name(c) for c in _common.parse(Exp2Options, [], "exp2", "doc").config_files()] == list(CORE)
     with pytest.raises(BabyGPTError) as e:
         _common.parse(Exp2Options, ["--quick", "--full", "--baseline=nope", "--seeds=1", "--lrs=1e-3,-1",
-                                    "--tune_seeds=1", "--margin=-0.1",
+                                    "--tune_seeds=1", "--margin=-0.1", "--runner_up=some",
                                     "--configs=config/prenorm_ln.py,other/prenorm_ln.py"], "exp2", "doc")
     joined = "\n".join(e.value.problems)
     for fragment in ("--quick and --full are two tiers", "--baseline 'nope' is not among", "--seeds must be at least 2",
                      "--tune_seeds must be at least 2", "--margin takes a positive number",
+                     "unknown runner_up 'some'; choose one of: baseline, all",
                      "--lrs must be in (0, 1000]", "names a configuration twice",
                      "config file 'other/prenorm_ln.py' not found"):
         assert fragment in joined
@@ -453,7 +454,7 @@ def test_exp2_beyond_tier_trains_the_frontiers_point_from_the_lrs_an_earlier_tie
     assert grids == {"prenorm_rms": [3e-3, 1e-2, 3e-2], "postnorm_ln": exp2.floats(exp2.GRID["default"])}
 
 
-def test_exp2_table_draws_each_verdict_and_its_robustness_to_the_baselines_runner_up(monkeypatch):
+def test_exp2_table_draws_each_verdict_and_its_robustness_to_either_sides_runner_up(monkeypatch):
     monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
     import exp2_norm_comparison as exp2
     from babygpt.compare import compare_table, floor_interval
@@ -465,29 +466,55 @@ def test_exp2_table_draws_each_verdict_and_its_robustness_to_the_baselines_runne
     rows = {r.name: {"status": "finished", "val_loss_full": v, "num_params": 10, "wall_time_s": 1.0}
             for n in configs for r, v in zip(seed_runs[n], values[n])}
     outcome = exp2.Outcome({"base": {1e-3: 2.0, 3e-3: 2.1}, "var": {1e-3: 2.1, 3e-3: 2.0}},
-                           {"base": 1e-3, "var": 3e-3}, {"base": 3e-3, "var": 1e-3}, {}, seed_runs, [], rows)
-    # the baseline at its runner-up LR is as good as var: against it the verdict changes
-    text = exp2.tuned_table(plan, outcome, values, [2.00, 2.12, 2.05], 0.01, {"base": 0.1, "var": 0.25}, None)
+                           {"base": 1e-3, "var": 3e-3}, {"base": 3e-3, "var": 1e-3}, {}, seed_runs, {}, rows)
+    # the baseline at its runner-up LR is as good as var: against it the verdict changes; var's own
+    # runner-up LR was not run (--runner_up baseline)
+    text = exp2.tuned_table(plan, outcome, values, {"base": [2.00, 2.12, 2.05]}, 0.01, {"base": 0.1, "var": 0.25},
+                            None)
     cells = {line.split(" | ")[0][2:]: line.split(" | ") for line in text.splitlines()[2:]}
     expected = compare_table(values, "base", 0.01)["var"]
     assert cells["var"][2:5] == ["0.003", "0.001", "0.250"] and cells["var"][7] == expected.delta()
     assert cells["var"][8] == expected.adjusted() and cells["var"][9] == "better" == expected.call()
-    assert cells["var"][10].startswith("no: inconclusive") and cells["base"][7] == "(baseline)"
-    same = exp2.tuned_table(plan, outcome, values, [2.11, 2.19, 2.16], 0.01, {"base": 0.1, "var": 0.25}, None)
-    assert "| better | yes |" in same
+    # decided: no pairs to decide; three seeds less one leave two pairs, too few for any verdict
+    assert cells["var"][10:12] == ["—", "stable in 0 of 3 deletions"]
+    assert cells["var"][12].startswith("no: inconclusive") and cells["var"][12].endswith(" / not run")
+    assert cells["base"][7] == "(baseline)"
+    same = exp2.tuned_table(plan, outcome, values, {"base": [2.11, 2.19, 2.16]}, 0.01, {"base": 0.1, "var": 0.25},
+                            None)
+    assert "| better | — | stable in 0 of 3 deletions | yes / not run |" in same
+    # --runner_up all: var at its own runner-up LR as well (there as good as the baseline: not better)
+    both = exp2.tuned_table(plan, outcome, values, {"base": [2.11, 2.19, 2.16], "var": [2.12, 2.18, 2.14]}, 0.01,
+                            {"base": 0.1, "var": 0.25}, None)
+    own = compare_table({**values, "var": [2.12, 2.18, 2.14]}, "base", 0.01)["var"]
+    assert f"| yes / no: {own.call()} ({own.delta()}) |" in both and own.call() != "better"
     # with the data's strongest floor, each row says where its mean lies against it (the regime)
-    floored = exp2.tuned_table(plan, outcome, values, [2.11, 2.19, 2.16], 0.01, {"base": 0.1, "var": 0.25},
+    floored = exp2.tuned_table(plan, outcome, values, {"base": [2.11, 2.19, 2.16]}, 0.01, {"base": 0.1, "var": 0.25},
                                ("kn8", 2.05))
     header, *_, var = [line.split(" | ") for line in floored.splitlines()[:1] + floored.splitlines()[2:]]
-    assert header[7] == "mean − KN 8-gram floor (2.0500)" and var[8] == expected.delta()
+    assert header[7] == "mean − KN 8-gram floor, scored as the runs (2.0500)" and var[8] == expected.delta()
     assert var[7] == floor_interval(values["var"], 2.05) == f"{sum(values['var']) / 3 - 2.05:+.3f} (at)"
     # without runner-up runs there is no robustness to show; an edge LR is marked
     outcome.censored = {"var": True}
-    text = exp2.tuned_table(plan, outcome, values, [], 0.01, {"base": 0.1, "var": None}, None)
-    assert "| var | 10 | 0.003 (edge) | 0.001 | — (no LR trains) |" in text and "— (no runner-up runs)" in text
-    # the report's rule names how many comparisons the correction spans
-    assert "Verdicts are drawn for the table's one comparison: " in exp2.verdict_rule(1, 0.01, None)
-    assert "over the table's 3 comparisons together: " in exp2.verdict_rule(3, 0.01, 0.01)
+    text = exp2.tuned_table(plan, outcome, values, {}, 0.01, {"base": 0.1, "var": None}, None)
+    assert "| var | 10 | 0.003 (edge) | 0.001 | — (no LR trains) |" in text and "| not run / not run |" in text
+    text = exp2.tuned_table(plan, outcome, values, {"base": [], "var": []}, 0.01, {"base": 0.1, "var": None}, None)
+    assert "| no runner-up LR / no runner-up LR |" in text
+    # the report's rule names how many comparisons the correction spans, and says what the code does
+    assert "Verdicts are drawn for the table's one comparison: " in exp2.verdict_rule(1, 0.01, None, 3.3473)
+    rule = exp2.verdict_rule(3, 0.01, None, 3.3473)
+    assert "over the table's 3 comparisons together: " in rule
+    for fragment in ("m = 0.01 nats, stated before the runs (not estimated from them)", "where Holm stopped",
+                     "counts at the data's unigram loss (3.3473 nats)", "*pairs to decide*", "*Leave-one-seed-out*",
+                     "at its own (*not run*"):
+        assert fragment in rule, fragment
+    assert "stated before the runs with --margin" in exp2.verdict_rule(3, 0.02, 0.02, 3.3473)
+    assert "has no pair" in exp2.verdict_rule(3, 0.01, None, None)
+    # which runs --runner_up trains at their runner-up LRs: the baseline's (the default), or every one's
+    second = {"base": 3e-3, "var": None}
+    assert {n: len(rs) for n, rs in plan.runner_up_runs(second).items()} == {"base": 3}
+    plan.args = types.SimpleNamespace(runner_up="all")
+    assert {n: len(rs) for n, rs in plan.runner_up_runs(second).items()} == {"base": 3, "var": 0}
+    plan.args = None
     # the LR table: mean over the tuning seeds, bold tuned, italic runner-up
     grid = exp2.lr_grid_table(outcome, {"base": 4.2, "var": 4.2})
     assert "| base | 4.200 | **2.000** | *2.100* |" in grid
@@ -558,7 +585,7 @@ def test_every_committed_exp2_table_has_its_regime_and_one_row_per_configuration
     strongest n-gram floor it is measured against, and has a row for each configuration it ran."""
     report = open(os.path.join(ROOT, result, "report.md"), encoding="utf-8").read()
     header, *rows = report_rows(report, "tuned")
-    assert re.fullmatch(r"mean − KN \d-gram floor \(\d\.\d{4}\)", header[7]), (result, header)
+    assert re.fullmatch(r"mean − (modified )?KN \d+-gram floor, scored as the runs \(\d\.\d{4}\)", header[7]), (result, header)
     assert all(re.fullmatch(r"[+-]\d\.\d{3} \((above|below|at)\)", row[7]) for row in rows), result
     monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
     import exp2_norm_comparison as exp2
@@ -632,7 +659,7 @@ def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr
     assert table["postnorm_ln"][10] == "inconclusive (2 pairs)"  # a verdict needs >= 3 seed pairs
     # the regime: each mean against the data's strongest n-gram floor, named in the header
     floor = report_rows(report, "tuned")[0][7]
-    assert re.fullmatch(r"mean − KN \d-gram floor \(\d\.\d{4}\)", floor), floor
+    assert re.fullmatch(r"mean − (modified )?KN \d+-gram floor, scored as the runs \(\d\.\d{4}\)", floor), floor
     assert all(re.fullmatch(r"[+-]\d\.\d{3} \((above|below|at)\)", row[7]) for row in table.values())
     assert len(report_rows(report, "lr_grid")) == 3 and len(report_rows(report, "references")) == 2
     assert_collect_rewrites_the_same_tables(tmp_path, report, f"--data_dir={data_dir}", configs)

@@ -50,7 +50,9 @@ def test_collapse_rule():
 
 class DictKneserNey:
     """Interpolated Kneser-Ney of order n written plainly: dictionaries of counts and a recursion
-    (Chen & Goodman 1999), to check the vectorised one against."""
+    (Chen & Goodman 1998), to check the vectorised one against. ``discounts[k - 1]`` is order k's
+    [D] (plain KN) or [D1, D2, D3+] (modified KN: the discount of an n-gram seen once, twice, three
+    times or more, and gamma(h) = D1 N1(h .) + D2 N2(h .) + D3+ N3+(h .))."""
 
     def __init__(self, train, n, discounts, vocab_size):
         text = [int(c) for c in train]
@@ -60,12 +62,17 @@ class DictKneserNey:
         self.counts = {n: collections.Counter(grams(n))}
         for k in range(1, n):
             self.counts[k] = collections.Counter(gram[1:] for gram in set(grams(k + 1)))
-        self.totals, self.followers = {}, {}
+        self.totals, self.gamma = {}, {}  # c(h .), and the mass the discounts take off h's followers
         for k, table in self.counts.items():
-            self.totals[k], self.followers[k] = collections.Counter(), collections.Counter()
+            self.totals[k], self.gamma[k] = collections.Counter(), collections.Counter()
             for gram, count in table.items():
                 self.totals[k][gram[:-1]] += count
-                self.followers[k][gram[:-1]] += 1
+                self.gamma[k][gram[:-1]] += self.discount(k, count)
+
+    def discount(self, k: int, count: int) -> float:
+        """D of an n-gram of order k seen ``count`` times: the one D of plain KN, else D1, D2 or D3+."""
+        ds = self.discounts[k - 1]
+        return 0.0 if count == 0 else ds[min(count, len(ds)) - 1]
 
     def prob(self, context: tuple, c: int, k: int | None = None) -> float:
         """P_k(c | the last k - 1 characters of context)."""
@@ -77,12 +84,18 @@ class DictKneserNey:
         total = self.totals[k][h]
         if total == 0:
             return lower
-        d = self.discounts[k - 1]
-        return (max(self.counts[k][h + (c,)] - d, 0) + d * self.followers[k][h] * lower) / total
+        count = self.counts[k][h + (c,)]
+        return (max(count - self.discount(k, count), 0) + self.gamma[k][h] * lower) / total
 
-    def cross_entropy(self, val) -> float:
+    def cross_entropy(self, val, start: int = ngram.FIRST_TARGET) -> float:
+        """Mean -log P_n over val[start:], each target with the ``start`` characters before it."""
         val = [int(c) for c in val]
-        return sum(-math.log(self.prob(tuple(val[t - 7:t]), val[t])) for t in range(7, len(val))) / (len(val) - 7)
+        losses = [-math.log(self.prob(tuple(val[t - start:t]), val[t])) for t in range(start, len(val))]
+        return sum(losses) / len(losses)
+
+
+PLAIN = [[0.3], [0.55], [0.8], [0.95], [0.7]]
+MODIFIED = [[0.4, 1.1, 1.7], [0.2, 0.9, 2.5], [0.8, 1.6, 1.2], [0.6, 1.3, 2.9], [0.95, 0.3, 0.05]]
 
 
 def texts(seed: int, vocab_size: int = 6):
@@ -94,83 +107,120 @@ def texts(seed: int, vocab_size: int = 6):
     return text[:int(len(text) * 0.8)], text[int(len(text) * 0.8):]
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-@pytest.mark.parametrize("seed", [0, 1])
-def test_kneser_ney_matches_a_plain_implementation(n, seed):
+@pytest.mark.parametrize("family, discounts", [(ngram.KN, PLAIN), (ngram.MKN, MODIFIED)], ids=["kn", "mkn"])
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kneser_ney_matches_a_plain_implementation(family, discounts, n, seed):
     train_ids, val_ids = texts(seed)
     vocab_size = 7  # one id never occurs at all: only the uniform gives it probability
-    discounts = [0.3, 0.55, 0.8, 0.95][:n]
-    expected = DictKneserNey(train_ids, n, discounts, vocab_size).cross_entropy(val_ids)
-    got = ngram.kn_cross_entropies(train_ids, val_ids, vocab_size, {n: discounts})[n]
-    assert got == pytest.approx(expected, abs=1e-9)
+    expected = DictKneserNey(train_ids, n, discounts[:n], vocab_size).cross_entropy(val_ids)
+    got = ngram.cross_entropies(train_ids, val_ids, vocab_size, {family.key(n): discounts[:n]})
+    assert got == {family.key(n): pytest.approx(expected, abs=1e-9)}
 
 
 def codes_of(grams, vocab_size):
     return np.array([sum(c * vocab_size ** (len(g) - 1 - i) for i, c in enumerate(g)) for g in grams], dtype=np.int64)
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_every_context_has_a_distribution(n):
-    """Sum over the vocabulary of P(c | h) = 1 for contexts seen often, once, and never."""
+@pytest.mark.parametrize("family, discounts", [(ngram.KN, [[0.2], [0.7], [0.4], [1.0], [0.05]]),
+                                               (ngram.MKN, [[1.0, 2.0, 3.0], [0.01, 0.3, 2.2], [0.5, 1.9, 0.1],
+                                                            [0.9, 1.2, 1.4], [0.3, 0.6, 2.9]])], ids=["kn", "mkn"])
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_every_context_has_a_distribution(family, discounts, n):
+    """Sum over the vocabulary of P(c | h) = 1 for contexts seen often, once, and never, and for
+    contexts never seen whose end was (partially seen), with discounts up to their bounds."""
     train_ids, _ = texts(2)
     vocab_size = 7
     counts = ngram.Counts(train_ids, n, vocab_size)
     seen = [tuple(int(c) for c in train_ids[i:i + n - 1]) for i in (0, 5, len(train_ids) - n + 1)]
-    contexts = seen + [(6,) * (n - 1), (0, 6, 1, 6)[:n - 1]]  # 6 occurs rarely or never in a row
-    plain = DictKneserNey(train_ids, n, [0.2, 0.7, 0.4, 1.0][:n], vocab_size)
+    partly = (6,) + seen[0][1:]  # an unseen context (6 is rare) ending as a seen one does
+    contexts = seen + [(6,) * (n - 1), (0, 6, 1, 6, 2)[:n - 1], partly]  # 6 occurs rarely or never in a row
+    plain = DictKneserNey(train_ids, n, discounts[:n], vocab_size)
     for h in contexts:
         codes = codes_of([h + (c,) for c in range(vocab_size)], vocab_size)
-        p = ngram.probabilities(counts.levels(codes, (n,))[n], plain.discounts, vocab_size, vocab_size)
+        levels = counts.lookups(codes, (n,)).levels(family, (n,))[n]
+        p = ngram.probabilities(levels, plain.discounts, vocab_size, vocab_size)
         assert p.sum() == pytest.approx(1.0, abs=1e-12) and (p > 0).all()
         assert_close(p, np.array([plain.prob(h, c) for c in range(vocab_size)]), rtol=1e-12, atol=0)
 
 
-def test_discounts_are_chosen_on_train_alone_and_minimise_the_held_out_loss():
+def test_discounts_are_chosen_on_train_alone():
     train_ids, val_ids = texts(3)
     chosen = ngram.measure(train_ids, val_ids, 7)
     other_val = ngram.measure(train_ids, np.roll(val_ids, 11)[:-5], 7)
     assert chosen["discounts"] == other_val["discounts"] and chosen["floors"] != other_val["floors"]
     assert ngram.measure(np.roll(train_ids, 40), val_ids, 7)["discounts"] != chosen["discounts"]  # it can tell
-    # The discounts found are a minimum of the held-out loss: nudging any one of them does not help.
+    assert list(chosen["discounts"]) == [f"kn{n}" for n in range(2, 11)] + [f"mkn{n}" for n in range(2, 11)]
+
+
+@pytest.mark.parametrize("family", ngram.FAMILIES, ids=["kn", "mkn"])
+@pytest.mark.parametrize("seed, n", [(3, 4), (4, 3), (5, 6)])
+def test_discounts_are_within_bounds_and_minimise_the_held_out_loss(family, seed, n):
+    """Each discount of class i is in (0, i], and nudging any one of them does not lower the loss
+    of the held-out tenth of train they were chosen on."""
+    train_ids, _ = texts(seed)
     cut = int(len(train_ids) * 0.9)
-    found = ngram.fit_discounts(train_ids, 7, (4,))[4]
+    found = ngram.fit_discounts(train_ids, 7, (n,))[family.key(n)]
+    assert len(found) == n and all(len(level) == family.classes for level in found)
+    assert all(0 < d <= bound for level in found for d, bound in zip(level, family.bounds()))
 
     def held_out(discounts):
-        return ngram.kn_cross_entropies(train_ids[:cut], train_ids[cut:], 7, {4: discounts})[4]
+        return ngram.cross_entropies(train_ids[:cut], train_ids[cut:], 7, {family.key(n): discounts})[family.key(n)]
     best = held_out(found)
-    for j in range(4):
-        for step in (-0.02, 0.02):
-            nudged = list(found)
-            nudged[j] = min(max(nudged[j] + step, 1e-3), 1.0)
-            assert held_out(nudged) >= best - 1e-9
+    for j in range(n):
+        for i, bound in enumerate(family.bounds()):
+            for step in (-0.02, 0.02):
+                nudged = [list(level) for level in found]
+                nudged[j][i] = min(max(nudged[j][i] + step, 1e-3), bound)
+                assert held_out(nudged) >= best - 1e-9
+
+
+def test_modified_discounts_start_from_chen_and_goodmans_estimates():
+    table = ngram.count_table(np.arange(10), np.array([1, 1, 1, 1, 2, 2, 3, 4, 4, 9]), 5)  # n1..n4 = 4, 2, 1, 2
+    y = 4 / (4 + 2 * 2)
+    assert ngram.start_discounts(table, ngram.KN) == [pytest.approx(y)]  # = 1 - 2 Y n2 / n1: Ney's estimate
+    # D3+ = 3 - 4 Y n4 / n3 = -1 would make a probability negative: it starts at MIN_START instead
+    assert ngram.start_discounts(table, ngram.MKN) == pytest.approx([1 - 2 * y * 2 / 4, 2 - 3 * y * 1 / 2, 0.01])
+    lonely = ngram.count_table(np.arange(3), np.array([5, 7, 9]), 5)  # no n-gram seen once or twice
+    assert ngram.start_discounts(lonely, ngram.MKN) == [0.5, 0.5, 0.5]
+    # per context (code // 5: codes 0-4, 5-9), how many followers are seen once, twice, 3 times or more
+    assert table.by_class.tolist() == [[4, 0], [1, 1], [0, 4]] and table.totals.tolist() == [6, 22]
 
 
 def test_floors_keys_order_and_strongest():
     text = np.array([0, 1, 2, 0, 1, 2, 0, 1, 1, 2, 0, 2] * 200)
     refs = ngram.floors(text[:2000], text[2000:], 3)
-    assert list(refs) == ["unigram"] + [f"kn{n}" for n in range(2, 9)]
-    assert refs["unigram"] > refs["kn2"] > refs["kn3"]
+    assert list(refs) == ["unigram"] + [f"kn{n}" for n in range(2, 11)] + [f"mkn{n}" for n in range(2, 11)]
+    assert refs["unigram"] > refs["kn2"] > refs["kn3"] and refs["unigram"] > refs["mkn2"] > refs["mkn3"]
     key, nats = ngram.strongest(refs)
     assert nats == min(v for k, v in refs.items() if k != "unigram") and refs[key] == nats
-    assert ngram.label(key).startswith("KN ") and ngram.label("kn5") == "KN 5-gram" and ngram.label("unigram") == "unigram"
+    assert ngram.label(key).split()[-1] == f"{ngram.kn_order(key)}-gram" and ngram.label("unigram") == "unigram"
+    assert ngram.label("kn5") == "KN 5-gram" and ngram.label("mkn10") == "modified KN 10-gram"
+    orders = [ngram.kn_order(k) for k in ("kn5", "mkn10", "unigram", "bigram", "mkn", "kn")]
+    assert orders == [5, 10, None, None, None, None]
     assert ngram.strongest({"unigram": 3.3, "bigram": 2.5, "trigram": 2.1}) is None  # a summary from before
     assert ngram.strongest({"kn2": 2.0, "kn7": 1.5, "kn8": 1.5}) == ("kn7", 1.5)  # a tie: the lower order
+    assert ngram.strongest({"kn8": 1.52, "mkn7": 1.50, "mkn8": 1.49}) == ("mkn8", 1.49)  # either family
+    assert ngram.strongest({"mkn7": 1.5, "kn7": 1.5, "mkn6": 1.6}) == ("kn7", 1.5)  # a tie: then plain KN
+    old = {"unigram": 3.3473, "kn2": 2.4836, "kn5": 1.5634, "kn7": 1.5196, "kn8": 1.5195}  # a summary of before
+    assert ngram.strongest(old) == ("kn8", 1.5195) and ngram.label("kn8") == "KN 8-gram"
 
 
 def test_large_vocabularies_get_the_orders_whose_codes_fit():
-    assert ngram.highest_order(65) == 8 and ngram.highest_order(234) == 8 and ngram.highest_order(235) == 7
-    assert ngram.kn_orders(70000) == (2, 3)
+    assert ngram.highest_order(65) == 10 and ngram.highest_order(78) == 10 and ngram.highest_order(79) == 9
+    assert ngram.highest_order(234) == 8 and ngram.highest_order(235) == 7
+    assert ngram.kn_orders(65) == tuple(range(2, 11)) and ngram.kn_orders(70000) == (2, 3)
     with pytest.raises(ValueError, match="do not fit 64 bits"):
         ngram.gram_codes(np.arange(10), 4, 70000, 3)
     gen = np.random.default_rng(0)
     refs = ngram.floors(gen.integers(0, 70000, 500), gen.integers(0, 70000, 100), 70000)
-    assert list(refs) == ["unigram", "kn2", "kn3"] and all(math.isfinite(v) for v in refs.values())
+    assert list(refs) == ["unigram", "kn2", "kn3", "mkn2", "mkn3"] and all(math.isfinite(v) for v in refs.values())
 
 
 def test_too_little_data_still_gives_finite_floors():
     refs = ngram.floors(np.array([0, 1, 2, 1, 0, 1, 2, 1, 0]), np.array([0, 1, 2, 1, 0, 3, 2, 1, 0, 1]), 4)
-    assert all(math.isfinite(v) for v in refs.values()) and "kn8" in refs
-    assert list(ngram.floors(np.array([0, 1, 2, 1]), np.array([0, 1, 2]), 3)) == ["unigram"]  # no 8th character
+    assert all(math.isfinite(v) for v in refs.values()) and "kn10" in refs and "mkn10" in refs
+    assert list(ngram.floors(np.array([0, 1, 2, 1]), np.array([0, 1, 2] * 3), 3)) == ["unigram"]  # no 10th character
 
 
 # --- the cache ----------------------------------------------------------------------------------
@@ -255,7 +305,11 @@ def test_references_command_prints_every_floor_and_the_strongest(fresh_data, cap
         out = capsys.readouterr().out
         record, _ = floors_of(fresh_data)
         printed = {line.split()[0]: float(line.split()[1]) for line in out.splitlines()[:len(record["floors"])]}
-        assert printed == record["floors"] and list(printed) == ["unigram"] + [f"kn{n}" for n in range(2, 9)]
+        assert printed == record["floors"]
+        assert list(printed) == ["unigram"] + [f"kn{n}" for n in range(2, 11)] + [f"mkn{n}" for n in range(2, 11)]
+        lines = dict(zip(printed, out.splitlines()))
+        assert "modified KN 8-gram" in lines["mkn8"] and "discounts D1/D2/D3+" in lines["mkn8"]
+        assert "KN 8-gram" in lines["kn8"] and "discounts D_1..D_n" in lines["kn8"]
         key, nats = ngram.strongest(record["floors"])
         assert f"strongest: {ngram.label(key)}, {nats:.4f} nats" in out
         assert ("read from" in out) == cached and ("computed in" in out) != cached
@@ -274,21 +328,31 @@ def test_plots_draw_the_unigram_the_5_gram_and_the_strongest():
     fig, ax = new_figure()
     reference_lines(ax, {"unigram": 3.3473, "kn5": 1.5634})  # the 5-gram is the strongest: one line for both
     assert [line.get_label() for line in ax.get_lines()] == ["unigram 3.347", "KN 5-gram 1.563"]
+    fig, ax = new_figure()  # both families: still three lines, the strongest a modified KN order
+    reference_lines(ax, {**refs, "kn9": 1.5204, "mkn5": 1.5555, "mkn8": 1.4915, "mkn9": 1.4905, "mkn10": 1.4907})
+    assert [line.get_label() for line in ax.get_lines()] == ["unigram 3.347", "KN 5-gram 1.563",
+                                                             "modified KN 9-gram 1.490"]
 
 
 def test_report_table_lists_every_floor_and_marks_the_strongest(monkeypatch):
     monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
     import _common
 
-    refs = {"unigram": 3.3473, "kn2": 2.4836, "kn5": 1.5634, "kn8": 1.5195}
-    text = _common.references_section(refs)
+    refs = {"unigram": 3.3473, "kn2": 2.4836, "kn8": 1.5195, "mkn2": 2.4835, "mkn8": 1.4915}
+    as_runs = {"unigram": 3.3473, "kn2": 2.4836, "kn8": 1.5457, "mkn2": 2.4836, "mkn8": 1.5190}
+    text = _common.references_section(refs, _common.Floors(as_runs, "windows64", "the runs' windows"))
     lines = text.splitlines()
     at = lines.index("<!-- table: references -->")
-    assert lines[at + 1] == "| unigram (nats) | KN 2-gram (nats) | KN 5-gram (nats) | KN 8-gram (nats) |"
-    assert lines[at + 3] == "| 3.3473 | 2.4836 | 1.5634 | **1.5195** |"
+    assert lines[at + 1] == "| model (nats) | unigram | n = 2 | n = 8 |"
+    assert lines[at + 3:at + 7] == ["| KN, full context | 3.3473 | 2.4836 | 1.5195 |",
+                                    "| modified KN, full context | 3.3473 | 2.4835 | **1.4915** |",
+                                    "| KN, as the runs: `windows64` | 3.3473 | 2.4836 | 1.5457 |",
+                                    "| modified KN, as the runs: `windows64` | 3.3473 | 2.4836 | **1.5190** |"]
+    assert "Strongest: full context: modified KN 8-gram, 1.4915; as the runs: `windows64`: modified KN 8-gram, " \
+           "1.5190" in text
     assert "Kneser-Ney" in text and "held-out tenth of the train split" in text and "never on" in text
-    old = _common.references_section({"unigram": 3.3473, "bigram": 2.4819, "trigram": 2.0684})
-    assert "| 3.3473 | 2.4819 | 2.0684 |" in old
+    plain = _common.references_section({"unigram": 3.3473, "kn2": 2.4836, "kn8": 1.5195})
+    assert "| KN, full context | 3.3473 | 2.4836 | **1.5195** |" in plain and "as the runs" not in plain
 
 
 # --- no import circle ----------------------------------------------------------------------------

@@ -5,24 +5,31 @@ import statistics
 
 import pytest
 
-from babygpt.stats import (T_975, excludes_zero, kendall_p, kendall_tau, lr_sensitivity, mean_ci, paired_difference,
-                           t_quantile)
+from babygpt.stats import excludes_zero, kendall_p, kendall_tau, lr_sensitivity, mean_ci, paired_difference, t_ppf
+
+# Two-sided 95% quantiles of Student's t, t_{0.975, df}, for df = 1 .. 30, as printed tables give them.
+T_975_TABLE = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+               2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+               2.045, 2.042)
 
 
-def test_t_quantile_table_and_expansion_agree_where_they_meet():
-    assert t_quantile(1) == 12.706 and t_quantile(2) == 4.303 and t_quantile(30) == T_975[-1]
-    assert t_quantile(31) == pytest.approx(2.0395, abs=2e-4)  # exact t_{0.975,31} = 2.0395
-    assert t_quantile(120) == pytest.approx(1.9799, abs=2e-4)
-    assert all(a > b for a, b in zip(T_975, T_975[1:]))
-    with pytest.raises(ValueError):
-        t_quantile(0)
+def test_t_ppf_is_exact_to_1e6_at_known_quantiles():
+    # published values to full double precision, and the two closed forms: df = 1 is Cauchy,
+    # t = tan(pi (p - 1/2)); df = 2 has t = q sqrt(2 / (1 - q^2)) with q = 2p - 1
+    known = {1: 12.706204736174696, 4: 2.7764451051977987, 29: 2.045229642132703}
+    for df, t in known.items():
+        assert t_ppf(0.975, df) == pytest.approx(t, abs=1e-6)
+    assert t_ppf(0.975, 1) == pytest.approx(math.tan(math.pi * 0.475), abs=1e-6)
+    assert t_ppf(0.975, 2) == pytest.approx(0.95 * math.sqrt(2 / (1 - 0.95 ** 2)), abs=1e-6)
+    assert t_ppf(0.975, 10_000) == pytest.approx(1.959964, abs=1e-3)  # towards the normal's quantile
 
 
-def test_mean_ci_is_the_t_interval():
+def test_mean_ci_is_the_t_interval_with_the_exact_quantile():
     values = [2.10, 2.14, 2.12]
     mean, half = mean_ci(values)
     assert mean == pytest.approx(2.12)
-    assert half == pytest.approx(4.303 * statistics.stdev(values) / math.sqrt(3))
+    t_2 = 0.95 * math.sqrt(2 / (1 - 0.95 ** 2))  # t_{0.975, 2} = 4.3027, not the table's 4.303
+    assert half == pytest.approx(t_2 * statistics.stdev(values) / math.sqrt(3), rel=1e-9)
     assert math.isnan(mean_ci([1.0])[1])
 
 
@@ -78,7 +85,7 @@ def test_table_cells_of_seeds_and_outcomes():
 def test_t_cdf_and_ppf_match_the_table_and_closed_forms():
     from babygpt.stats import t_cdf, t_ppf
 
-    for df, q in enumerate(T_975, start=1):  # the table's quantiles, to its 3 decimals
+    for df, q in enumerate(T_975_TABLE, start=1):  # the table's quantiles, to its 3 decimals
         assert t_ppf(0.975, df) == pytest.approx(q, abs=6e-4)
         assert t_cdf(q, df) == pytest.approx(0.975, abs=1e-4)  # the table's rounding
     # df = 1 is the Cauchy distribution, df = 2 has F(t) = 1/2 + t / (2 sqrt(2 + t^2))
@@ -118,12 +125,17 @@ def test_holm_adjusts_in_steps_and_keeps_the_order():
     # sorted: 0.005 (x4), 0.01 (x3), 0.03 (x2), 0.04 (x1), each at least the one before
     assert holm(p) == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
-    assert holm_levels(p) == pytest.approx([1 - 0.05 / 3, 1 - 0.05 / 1, 1 - 0.05 / 2, 1 - 0.05 / 4])
+    # Holm rejects 0.005 (<= 0.05/4) and 0.01 (<= 0.05/3), stops at 0.03 (> 0.05/2): 0.04 is never
+    # tested at its own step (0.05/1), so its interval is the stopping step's, 1 - 0.05/2
+    assert holm_levels(p) == pytest.approx([1 - 0.05 / 3, 1 - 0.05 / 2, 1 - 0.05 / 2, 1 - 0.05 / 4])
+    assert holm_levels([0.001, 0.002]) == pytest.approx([1 - 0.05 / 2, 1 - 0.05 / 1])  # no stop: each its own
+    assert holm_levels([0.3, 0.001, 0.02]) == pytest.approx([1 - 0.05 / 1, 1 - 0.05 / 3, 1 - 0.05 / 2])
+    assert holm_levels([0.3, 0.02, 0.04]) == pytest.approx([1 - 0.05 / 3] * 3)  # stopped at the first step
     assert holm([]) == [] and holm([0.2]) == [0.2]
 
 
 def test_a_table_draws_better_worse_equivalent_and_inconclusive_together():
-    from babygpt.compare import compare_table, equivalence_margin
+    from babygpt.compare import EQUIVALENCE_MARGIN, compare_table
 
     base = [2.10, 2.20, 2.15, 2.12, 2.18]
     losses = {"base": base,
@@ -131,16 +143,17 @@ def test_a_table_draws_better_worse_equivalent_and_inconclusive_together():
               "same": [b + e for b, e in zip(base, [0.001, -0.001, 0.0, 0.001, -0.001])],
               "noisy": [b + e for b, e in zip(base, [0.2, -0.1, 0.3, -0.2, 0.1])],
               "short": [2.0, 2.1, math.inf, math.inf, math.inf]}
-    margin = equivalence_margin(base)
-    assert margin == pytest.approx(statistics.stdev(base))
+    margin = EQUIVALENCE_MARGIN  # stated in advance, whatever the baseline's own spread
+    assert margin == 0.01 and compare_table(losses, "base")["same"].test.margin == margin
     table = compare_table(losses, "base", margin)
     assert set(table) == {"better", "same", "noisy", "short"}
     assert table["better"].call() == "better" and table["better"].p_adjusted <= 0.05
     assert table["same"].call() == f"equivalent within ±{margin:.3f}"
     assert table["noisy"].call() == "inconclusive"
     assert table["short"].call() == "inconclusive (2 pairs)" and table["short"].test is not None
-    # three comparisons with enough pairs form the family: the smallest p is tested at 1 - 0.05/3
-    assert sorted(c.level for c in table.values()) == pytest.approx([0.95, 0.95, 1 - 0.05 / 2, 1 - 0.05 / 3])
+    # three comparisons with enough pairs form the family: the smallest p is tested at 1 - 0.05/3, and
+    # Holm stops at the second step (1 - 0.05/2), whose level the third gets too; "short" has its plain 95%
+    assert sorted(c.level for c in table.values()) == pytest.approx([0.95, 1 - 0.05 / 2, 1 - 0.05 / 2, 1 - 0.05 / 3])
     assert table["better"].level == pytest.approx(1 - 0.05 / 3)
     # what one comparison alone calls better, a family of many may not: Holm widens the bar
     nearly = [b - 0.012 + e for b, e in zip(base, [0.008, -0.01, 0.005, -0.007, 0.004])]
