@@ -38,9 +38,10 @@ QUICK_BUDGET = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "batc
                 "max_iters": 10, "eval_interval": 5, "eval_iters": 2, "log_interval": 5,
                 "warmup_iters": 5, "dropout": 0.0}
 FULL_BUDGET: dict = {}
-# Experiment 2's beyond-n-gram tier: train.py's model at the point of the regime's frontier
-# (experiment 11, results/regime) that ends below the strongest Kneser-Ney floor, so that a verdict
-# there is about a transformer that has learned more than counting does.
+# Experiment 2's beyond-n-gram tier: train.py's model at the point where the regime's frontier
+# (experiment 11, results/regime) first ended below the plain Kneser-Ney 8-gram with full context,
+# the floor it was chosen by. Modified Kneser-Ney scored on the runs' own targets stays below it
+# (docs/findings.md), so the tier is the frontier's longest budget, not one past every floor.
 BEYOND_BUDGET = {"block_size": 128, "max_iters": 4800}
 TIERS = {"quick": QUICK_BUDGET, "default": DEFAULT_BUDGET, "full": FULL_BUDGET, "beyond": BEYOND_BUDGET}
 
