@@ -107,10 +107,12 @@ def train_main(argv: list[str]) -> int:
             f"last finite evaluation at iteration {summary['final_eval_iter']}: it has no result (lower the "
             f"learning_rate, or use float32 or bfloat16); see {out}/summary.json", file=sys.stderr)
         return EXIT_DIVERGED
-    best, full = summary["best_val_loss"], summary.get("val_loss_full")
-    whole = "" if full is None else f", val loss over the whole split {full:.4f} ({floors_note(summary)})"
-    say(f"done: {summary['iter']} iterations, best val loss {'n/a' if best is None else f'{best:.4f}'}{whole}; "
-        f"sample with: python sample.py --ckpt {out}/best.pt")
+    best, full, test = summary["best_val_loss"], summary.get("val_loss_full"), summary.get("test_loss")
+    whole = "" if full is None else f", val loss over the whole split {full:.4f}"
+    tested = "" if test is None else (f", test loss {test:.4f} (the validation split's second half in sliding "
+                                      f"windows; {floors_note(summary, 'references_test')} scored alike)")
+    say(f"done: {summary['iter']} iterations, best val loss {'n/a' if best is None else f'{best:.4f}'}{whole}"
+        f"{tested}; sample with: python sample.py --ckpt {out}/best.pt")
     if status == "collapsed":
         say(f"collapsed: the model is no better than predicting character frequencies (the unigram loss); "
             f"{collapse_advice(summary, cfg)}", file=sys.stderr)
@@ -168,12 +170,12 @@ def norm_reads_eps(norm_type: str) -> bool:
         return not torch.equal(small(x), large(x))
 
 
-def floors_note(summary: dict) -> str:
-    """"unigram 3.3473, KN 8-gram 1.5195": the collapse line and the strongest n-gram floor of the
-    run's data (babygpt/ngram.py), as its summary recorded them."""
+def floors_note(summary: dict, key: str = "references") -> str:
+    """"unigram 3.3620, modified KN 9-gram 1.5507": the collapse line and the strongest n-gram floor
+    (babygpt/ngram.py) the run's summary recorded under ``key``."""
     from .ngram import label, strongest
 
-    refs = summary.get("references") or {}
+    refs = summary.get(key) or {}
     floors = [("unigram", refs["unigram"])] if "unigram" in refs else []
     best = strongest(refs)
     return ", ".join(f"{label(key)} {nats:.4f}" for key, nats in floors + ([best] if best else []))

@@ -24,8 +24,8 @@ PyTorch's default init on the FFN before dividing fc1, fc2, v_proj and out_proj 
 this project follows the paper.)
 
 The two inits differ in three parts, and an explanation that credits "the init" bundles all three
-(GUIDE §6). Each part is a key of its own, so that an ablation can change one at a time; unset, a
-part follows ``init``:
+(docs/experiments.md, "How configurations are compared"). Each part is a key of its own, so that
+an ablation can change one at a time; unset, a part follows ``init``:
 
   init_linear        normal (N(0, 0.02)) | xavier (Xavier-uniform, q/k/v apart)
   init_embedding     small (N(0, 0.02), unscaled) | unit (N(0, 1/C), token embeddings times sqrt(C))

@@ -36,7 +36,8 @@ BINDINGS = "run_settings"  # <root>/run_settings/<run name>.json: the settings e
 NOT_COMPARED = ("out_dir", "init_from")  # where a run lives and how it starts, not what it is
 MAX_NAME = 200  # bytes of a run's directory name; longer names are cut and given a hash
 COLUMNS = ["name", "seed", "status", "exit_code", "diverged_at", "first_nonfinite_at", "iter",
-           "final_train_loss", "final_val_loss", "best_val_loss", "val_loss_full", "val_time_full_s", "tune_loss", "test_loss", "wall_time_s",
+           "final_train_loss", "final_val_loss", "best_val_loss", "val_loss_full", "val_time_full_s", "tune_loss",
+           "test_loss", "wall_time_s",
            "num_params", "machine", "out_dir"]
 
 

@@ -1,4 +1,5 @@
-"""Tuning a learning rate so that a second seed cannot overturn it (GUIDE §6).
+"""Tuning a learning rate so that a second seed cannot overturn it (docs/experiments.md, "How
+configurations are compared").
 
 A configuration's LR is the one with the lowest *mean* final loss over its tuning seeds (at least
 two), searched in rounds:

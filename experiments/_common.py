@@ -28,7 +28,7 @@ from babygpt.scaleout import ScaleOutOptions  # noqa: E402
 from babygpt.sweep import Sweep, ignored_set_problems, shard_done_message  # noqa: E402
 
 # Training budgets (model shape, context, batch, iterations) of the experiments, one per tier
-# (GUIDE §6): quick only checks that everything runs (<= 60 s); the default is sized so that each
+# (docs/experiments.md, "Budget tiers"): quick only checks that everything runs (<= 60 s); the default is sized so that each
 # experiment stays within about 15 minutes on a 2-core CPU; full is train.py's own budget (its
 # defaults: 2,400 iterations of the 0.8M-parameter model), for the few configurations that matter.
 DEFAULT_BUDGET = {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "batch_size": 16,
@@ -116,7 +116,7 @@ NOT_SETTINGS = ("out", "overwrite", "jobs", "shard", "collect", "gpus")
 
 
 def tier(args) -> str:
-    """quick, default or full (GUIDE §6): every training experiment has the same three; experiment 2
+    """quick, default or full (docs/experiments.md, "Budget tiers"): every training experiment has the same three; experiment 2
     has a fourth, beyond (its --beyond)."""
     if args.quick:
         return "quick"

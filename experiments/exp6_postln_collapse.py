@@ -2,7 +2,7 @@
 
 In experiment 2, Post-LN with LayerNorm and 4 layers learns at lr 1e-3 but ends at the unigram loss
 (it predicts only character frequencies) at 3e-3 and above; nanoGPT's own model turned Post-LN does
-the same (GUIDE §6). Each arm changes one thing in that setup, a hypothesis for the cause:
+the same (docs/experiments.md, "How configurations are compared"). Each arm changes one thing in that setup, a hypothesis for the cause:
 
   bias=False      no biases in Linear layers and no LayerNorm beta: a collapse that lives in the
                   biases (the model learning a fixed output) would need them.

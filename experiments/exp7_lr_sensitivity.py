@@ -14,7 +14,7 @@ output-logit drift *without* weight decay and train with an "independent" decay 
 scales a weight by 1 - s_t * 1e-4, s_t the schedule's factor, lr_t / lr); whether weight decay is
 why the z-loss changes nothing here is measured by four more arms: plain and z_loss with weight
 decay 0, and with the independent 1e-4 (weight_decay = 1e-4 / lr, which makes the coupled form
-exactly the independent one). The LR sensitivity (GUIDE §6) of an arm at a width is computed on the
+exactly the independent one). The LR sensitivity (docs/experiments.md) of an arm at a width is computed on the
 seed-mean loss of each LR. Two seeds: no difference between arms is claimed (inconclusive); the
 table shows the curves, not verdicts.
 

@@ -1,9 +1,13 @@
 """The verdict check of doctables --check (babygpt/docverdicts.py): every verdict the docs state
 names its table, and the table draws it."""
 
+import os
+
 import pytest
 
-from babygpt.docverdicts import claims_in, verdict_problems
+from babygpt import doctables
+from babygpt.docverdicts import claims_in, verdict_problems, verdict_problems_in_file
+from conftest import ROOT
 
 TABLE = """| configuration | tuned LR | runner-up LR | paired Δ | verdict |
 |---|---|---|---|---|
@@ -102,3 +106,9 @@ def test_claims_in_code_and_generated_tables_are_not_read():
     text = ("```\nPeri-LN is better\n```\n"
             f"<!-- generated: {REPORT}#tuned -->\n| a | is worse |\n<!-- end generated -->\n")
     assert problems(text) == []
+
+
+@pytest.mark.parametrize("name", doctables.FIGURE_DOCUMENTS)
+def test_every_verdict_of_the_committed_documents_is_its_tables(name):
+    """Run python -m babygpt.doctables --check to see these with the rule's hint."""
+    assert verdict_problems_in_file(os.path.join(ROOT, name), ROOT, doctables.table_in_repository) == []
