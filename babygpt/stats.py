@@ -247,3 +247,22 @@ def kendall_p(xs: list[float], ys: list[float]) -> float:
     orders = list(itertools.permutations(ys))
     # a small tolerance, so that an order with the same |tau| up to rounding counts as reaching it
     return sum(abs(kendall_tau(xs, list(o))) >= observed - 1e-12 for o in orders) / len(orders)
+
+
+def kendall_ceiling(n: int, alpha: float = 0.05) -> float | None:
+    """The smallest |tau| that the exact two-sided test of no association can call significant at
+    ``alpha`` for n untied items; None when no order of n items can (n <= 4 at 5%: even the exact
+    reverse has p = 2 / n!). With n items tau = 1 - 4 I / (n (n - 1)), I the inversions of the order,
+    whose count over the n! orders are the Mahonian numbers (built by adding one item at a time, each
+    new item adding 0 .. k inversions). A tau below the ceiling is no evidence either way."""
+    counts = [1]  # counts[i]: orders of the items so far with i inversions
+    for k in range(1, n):
+        counts = [sum(counts[i - j] for j in range(k + 1) if 0 <= i - j < len(counts))
+                  for i in range(len(counts) + k)]
+    total, pairs = math.factorial(n), n * (n - 1) / 2
+    taus = [1 - 2 * i / pairs for i in range(len(counts))] if pairs else []
+    for tau in sorted({abs(t) for t in taus}):
+        p = sum(c for t, c in zip(taus, counts) if abs(t) >= tau - 1e-12) / total
+        if p <= alpha:
+            return tau
+    return None

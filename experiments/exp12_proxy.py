@@ -32,7 +32,7 @@ from babygpt.doctables import report_table
 from babygpt.errors import BabyGPTError
 from babygpt.files import write_csv
 from babygpt.options import option
-from babygpt.stats import kendall_p, kendall_tau
+from babygpt.stats import kendall_ceiling, kendall_p, kendall_tau
 
 NAME = "exp12_proxy"
 CONFIG, LOSS, VERDICT = "configuration", "val loss, mean ± 95% CI", "verdict"
@@ -117,7 +117,9 @@ def main(argv):
     taus = []
     for a, b in itertools.combinations(dirs, 2):
         xs, ys = [tiers[a][c][0] for c in shared], [tiers[b][c][0] for c in shared]
-        taus.append([a, b, len(shared), f"{kendall_tau(xs, ys):+.3f}", f"{kendall_p(xs, ys):.3f}"])
+        ceiling = kendall_ceiling(len(shared))
+        taus.append([a, b, len(shared), f"{kendall_tau(xs, ys):+.3f}", f"{kendall_p(xs, ys):.3f}",
+                     "none can" if ceiling is None else f"{ceiling:.3f}"])
     by_config = {(r["configuration"], r["tier"]): r for r in rows}
     ranking = [[c, *[f"{by_config[c, d]['rank']} ({by_config[c, d]['mean_loss']:.3f}) {by_config[c, d]['verdict']}"
                      for d in dirs],
@@ -126,10 +128,13 @@ def main(argv):
             f"in every tier; each ranked by its mean loss over the evaluation seeds at its own tuned LR "
             f"(1 = lowest). Kendall's tau-b compares two tiers' orders (1: the same, -1: reversed); the "
             f"p-value is the exact two-sided permutation test of no association, which with this few "
-            f"configurations needs a large tau to be small. A verdict is drawn over its own table's comparisons "
+            f"configurations needs a large tau to be small: the last column is the smallest |tau| that could "
+            f"reach p ≤ 0.05 with this many configurations, and a tau short of significance is no evidence "
+            f"either way, not evidence of no relation. A verdict is drawn over its own table's comparisons "
             f"(Holm), so verdicts compare across tiers only where the tiers' tables hold the same configurations.\n\n"
             + _common.table_section("Kendall's tau", "Each pair of tiers.", "tau", _common.markdown_table(
-                ["shorter tier", "longer tier", "configurations", "Kendall's tau-b", "p (exact)"], taus))
+                ["shorter tier", "longer tier", "configurations", "Kendall's tau-b", "p (exact)",
+                 "smallest tau that can reach p ≤ 0.05"], taus))
             + _common.table_section("Rankings and verdicts", "Rank (mean loss) and verdict against the baseline "
                                     "in each tier; *flips*: \"reversed\" where one tier finds a configuration better "
                                     "and another worse, \"changed\" where a verdict is gained or lost (e.g. "

@@ -1,5 +1,6 @@
 """t-intervals, paired differences and LR sensitivity (babygpt/stats.py)."""
 
+import itertools
 import math
 import statistics
 
@@ -193,3 +194,22 @@ def test_kendall_tau_b_leaves_ties_out_of_both_counts():
         kendall_tau([1, 2], [1])
     with pytest.raises(ValueError, match="n = 10 is too many"):
         kendall_p(list(range(10)), list(range(10)))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7])
+def test_kendall_ceiling_is_the_smallest_tau_the_exact_permutation_test_rejects(n):
+    from babygpt.stats import kendall_ceiling
+
+    xs = list(range(n))
+    orders = list(itertools.permutations(range(n)))
+    taus = sorted(abs(kendall_tau(xs, list(order))) for order in orders)  # every order's |tau|, by brute force
+    p_of = {round(t, 9): sum(u >= t - 1e-12 for u in taus) / len(taus) for t in taus}
+    significant = [t for t, p in p_of.items() if p <= 0.05]
+    if not significant:
+        assert kendall_ceiling(n) is None
+        return
+    assert kendall_ceiling(n) == pytest.approx(min(significant))
+    at = next(o for o in orders if abs(abs(kendall_tau(xs, list(o))) - min(significant)) < 1e-9)
+    assert kendall_p(xs, list(at)) <= 0.05  # the project's own exact test agrees at the ceiling
+    if n == 7:  # the figure the docs quote: with seven configurations only tau >= 0.714 can reject
+        assert round(kendall_ceiling(7), 3) == 0.714
