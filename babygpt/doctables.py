@@ -123,26 +123,28 @@ class DocTablesOptions:
 
 
 def check(table_paths: list[str], figure_paths: list[str]) -> int:
-    """--check: print each stale block and each unsourced figure to stderr; 1 if there is any."""
-    stale = [s for p in table_paths for s in stale_blocks(p)]
-    for s in stale:
-        print(f"stale: {s}", file=sys.stderr)
-    if stale:
-        print("run python -m babygpt.doctables to regenerate them", file=sys.stderr)
+    """--check: print each stale block, unsourced figure and unmarked or stale verdict to stderr; 1 if
+    there is any."""
     sources = Sources(ROOT)
-    figures = [f for p in figure_paths for f in unsourced_in_file(p, ROOT, sources)]
-    for f in figures:
-        print(f"unsourced: {f}", file=sys.stderr)
-    if figures:
-        print("give each figure its committed source (a generated table, or a <!-- source: results/... --> "
-              "marker after its sentence), or reword or drop it; see babygpt/docfigures.py", file=sys.stderr)
-    verdicts = [v for p in figure_paths for v in verdict_problems_in_file(p, ROOT, table_in_repository)]
-    for v in verdicts:
-        print(f"verdict: {v}", file=sys.stderr)
-    if verdicts:
-        print("state each verdict as its table draws it, with a <!-- verdict: REPORT#TABLE name=verdict --> "
-              "marker after its sentence; see babygpt/docverdicts.py", file=sys.stderr)
-    return 1 if stale or figures or verdicts else 0
+    found = [report("stale", [s for p in table_paths for s in stale_blocks(p)],
+                    "run python -m babygpt.doctables to regenerate them"),
+             report("unsourced", [f for p in figure_paths for f in unsourced_in_file(p, ROOT, sources)],
+                    "give each figure its committed source (a generated table, or a <!-- source: results/... --> "
+                    "marker after its sentence), or reword or drop it; see babygpt/docfigures.py"),
+             report("verdict", [v for p in figure_paths
+                                for v in verdict_problems_in_file(p, ROOT, table_in_repository)],
+                    "state each verdict as its table draws it, with a <!-- verdict: REPORT#TABLE name=verdict --> "
+                    "marker after its sentence; see babygpt/docverdicts.py")]
+    return 1 if any(found) else 0
+
+
+def report(kind: str, findings: list[str], hint: str) -> bool:
+    """Print each finding as 'kind: finding' to stderr, then the hint once; whether there was any."""
+    for finding in findings:
+        print(f"{kind}: {finding}", file=sys.stderr)
+    if findings:
+        print(hint, file=sys.stderr)
+    return bool(findings)
 
 
 def table_in_repository(report: str, key: str) -> str:

@@ -101,6 +101,24 @@ def prepare_small_data(directory) -> str:
     return data_dir
 
 
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory):
+    """SMALL_CORPUS prepared once per test module (copy it with fresh_data to change it)."""
+    return prepare_small_data(tmp_path_factory.mktemp("small"))
+
+
+@pytest.fixture
+def fresh_data(small_data, tmp_path):
+    """A copy of small_data, without its cached n-gram floors, that a test may change."""
+    import shutil
+
+    from babygpt import ngram
+
+    copy = tmp_path / "data"
+    shutil.copytree(small_data, copy, ignore=shutil.ignore_patterns(ngram.FLOORS_FILE))
+    return str(copy)
+
+
 def run_script(script, *args, cwd, timeout=120):
     """Run one of the project's scripts as a user would, in ``cwd``."""
     return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=cwd,

@@ -5,7 +5,6 @@ and of sliding windows, and the cache of a named scheme's floors beside the data
 import json
 import math
 import os
-import shutil
 
 import numpy as np
 import pytest
@@ -16,7 +15,6 @@ from babygpt import ngram
 from babygpt.config import load_config
 from babygpt.data import load_dataset
 from babygpt.trainer import full_split_loss
-from conftest import prepare_small_data
 
 VOCAB = 7  # texts() uses ids 0..5: one id never occurs at all
 
@@ -153,29 +151,17 @@ def test_bad_contexts_are_refused():
 
 # --- the cache of a scheme's floors ------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def small_data(tmp_path_factory):
-    return prepare_small_data(tmp_path_factory.mktemp("matched"))
-
-
-@pytest.fixture
-def data_copy(small_data, tmp_path):
-    copy = tmp_path / "data"
-    shutil.copytree(small_data, copy, ignore=shutil.ignore_patterns(ngram.FLOORS_FILE))
-    return str(copy)
-
-
-def test_scheme_floors_are_cached_by_scheme_text_and_data(data_copy, monkeypatch):
-    train_ids, val_ids, tok = load_dataset(data_copy)
+def test_scheme_floors_are_cached_by_scheme_text_and_data(fresh_data, monkeypatch):
+    train_ids, val_ids, tok = load_dataset(fresh_data)
     half = val_ids[len(val_ids) // 2:]
     asked = [(val_ids, "windows8"), (val_ids, "sliding8s4"), (half, "windows8")]
-    first = [ngram.load_or_score(data_copy, train_ids, text, tok.vocab_size, scheme) for text, scheme in asked]
+    first = [ngram.load_or_score(fresh_data, train_ids, text, tok.vocab_size, scheme) for text, scheme in asked]
     assert not any(cached for _, cached in first)
     for (text, scheme), (entry, _) in zip(asked, first):
         expected = ngram.scored_floors(train_ids, text, tok.vocab_size, ngram.scheme_contexts(scheme, len(text)))
         assert entry["floors"] == expected and entry["key"]["scheme"] == scheme
     assert first[0][0]["floors"] != first[1][0]["floors"] and first[0][0]["floors"] != first[2][0]["floors"]
-    full = ngram.data_floors(data_copy, train_ids, val_ids, tok.vocab_size)  # the full-context floors keep them
+    full = ngram.data_floors(fresh_data, train_ids, val_ids, tok.vocab_size)  # the full-context floors keep them
 
     def no_scoring(*args, **kwargs):
         raise AssertionError("scored again")
@@ -183,41 +169,41 @@ def test_scheme_floors_are_cached_by_scheme_text_and_data(data_copy, monkeypatch
         m.setattr(ngram, "scored_floors", no_scoring)
         m.setattr(ngram, "measure", no_scoring)
         for (text, scheme), (entry, _) in zip(asked, first):
-            assert ngram.load_or_score(data_copy, train_ids, text, tok.vocab_size, scheme) == (entry, True)
-            assert ngram.scheme_floors(data_copy, train_ids, text, tok.vocab_size, scheme) == entry["floors"]
-        assert ngram.data_floors(data_copy, train_ids, val_ids, tok.vocab_size) == full
-    with open(os.path.join(data_copy, ngram.FLOORS_FILE)) as f:
+            assert ngram.load_or_score(fresh_data, train_ids, text, tok.vocab_size, scheme) == (entry, True)
+            assert ngram.scheme_floors(fresh_data, train_ids, text, tok.vocab_size, scheme) == entry["floors"]
+        assert ngram.data_floors(fresh_data, train_ids, val_ids, tok.vocab_size) == full
+    with open(os.path.join(fresh_data, ngram.FLOORS_FILE)) as f:
         assert len(json.load(f)[ngram.SCHEMES]) == 3
     # A changed train.bin makes every entry stale: scored again, and the stale ones dropped.
-    train_path = os.path.join(data_copy, "train.bin")
+    train_path = os.path.join(fresh_data, "train.bin")
     ids = np.fromfile(train_path, dtype=np.uint16)
     ids[10] = (ids[10] + 1) % tok.vocab_size
     ids.tofile(train_path)
-    train_ids, val_ids, tok = load_dataset(data_copy)
-    entry, cached = ngram.load_or_score(data_copy, train_ids, val_ids, tok.vocab_size, "windows8")
+    train_ids, val_ids, tok = load_dataset(fresh_data)
+    entry, cached = ngram.load_or_score(fresh_data, train_ids, val_ids, tok.vocab_size, "windows8")
     assert not cached and entry["key"]["train.bin"] != first[0][0]["key"]["train.bin"]
-    with open(os.path.join(data_copy, ngram.FLOORS_FILE)) as f:
+    with open(os.path.join(fresh_data, ngram.FLOORS_FILE)) as f:
         assert [e["key"]["scheme"] for e in json.load(f)[ngram.SCHEMES]] == ["windows8"]
 
 
 @pytest.mark.parametrize("damage", ["{not json", "[]", '{"schemes": 3}', '{"schemes": [1, {"key": 2}]}'])
-def test_a_damaged_cache_is_scored_again(data_copy, damage):
-    train_ids, val_ids, tok = load_dataset(data_copy)
-    with open(os.path.join(data_copy, ngram.FLOORS_FILE), "w") as f:
+def test_a_damaged_cache_is_scored_again(fresh_data, damage):
+    train_ids, val_ids, tok = load_dataset(fresh_data)
+    with open(os.path.join(fresh_data, ngram.FLOORS_FILE), "w") as f:
         f.write(damage)
-    entry, cached = ngram.load_or_score(data_copy, train_ids, val_ids, tok.vocab_size, "windows8")
+    entry, cached = ngram.load_or_score(fresh_data, train_ids, val_ids, tok.vocab_size, "windows8")
     assert not cached and all(math.isfinite(v) for v in entry["floors"].values())
-    assert ngram.load_or_score(data_copy, train_ids, val_ids, tok.vocab_size, "windows8") == (entry, True)
+    assert ngram.load_or_score(fresh_data, train_ids, val_ids, tok.vocab_size, "windows8") == (entry, True)
 
 
-def test_a_read_only_cache_still_gives_the_floors(data_copy, monkeypatch):
+def test_a_read_only_cache_still_gives_the_floors(fresh_data, monkeypatch):
     from babygpt.errors import BabyGPTError
 
     def read_only(path, data):
         raise BabyGPTError(f"writing '{path}' failed: Read-only file system")
     monkeypatch.setattr(ngram, "write_atomic", read_only)
-    train_ids, val_ids, tok = load_dataset(data_copy)
-    floors = ngram.scheme_floors(data_copy, train_ids, val_ids, tok.vocab_size, "sliding8s2")
-    assert "mkn10" in floors and not os.path.exists(os.path.join(data_copy, ngram.FLOORS_FILE))
+    train_ids, val_ids, tok = load_dataset(fresh_data)
+    floors = ngram.scheme_floors(fresh_data, train_ids, val_ids, tok.vocab_size, "sliding8s2")
+    assert "mkn10" in floors and not os.path.exists(os.path.join(fresh_data, ngram.FLOORS_FILE))
     with pytest.raises(ValueError, match="unknown scoring scheme"):
-        ngram.scheme_floors(data_copy, train_ids, val_ids, tok.vocab_size, "windows")
+        ngram.scheme_floors(fresh_data, train_ids, val_ids, tok.vocab_size, "windows")

@@ -19,7 +19,7 @@ from babygpt.data import load_dataset
 from babygpt.model import GPT, GPTConfig
 from babygpt.ngram import COLLAPSE_MARGIN, is_collapsed
 from babygpt.trainer import full_split_loss, train
-from conftest import ROOT, TINY_TRAIN_ARGS, prepare_small_data
+from conftest import ROOT, TINY_TRAIN_ARGS
 
 
 # --- the add-one unigram -----------------------------------------------------------------------
@@ -224,21 +224,6 @@ def test_too_little_data_still_gives_finite_floors():
 
 
 # --- the cache ----------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return prepare_small_data(tmp_path_factory.mktemp("refs"))
-
-
-@pytest.fixture
-def fresh_data(data_dir, tmp_path):
-    """A copy of the prepared small data that a test may change."""
-    import shutil
-
-    copy = tmp_path / "data"
-    shutil.copytree(data_dir, copy, ignore=shutil.ignore_patterns(ngram.FLOORS_FILE))
-    return str(copy)
-
 
 def floors_of(data_dir):
     train_ids, val_ids, tok = load_dataset(data_dir)
