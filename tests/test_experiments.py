@@ -230,7 +230,8 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path, monke
         rows = read_csv(tmp_path / "res" / "results.csv")
         assert len(rows) == 4 and {r["cfg.max_iters"] for r in rows} == {"10", "20"}
         assert "<!-- table: frontier -->" in report and "<!-- table: references -->" in report
-        assert "strongest floor" in report
+        # each point is read against its own floor: the strongest count model scored as its run was
+        assert "scored as the run" in report and "− its floor, scored as the run (the floor)" in report
     if script == "exp9_fp16_overflow":  # one LR; the tiny model's stream stays far below 255.9
         rows = read_csv(tmp_path / "res" / "results.csv")
         assert len(rows) == 1 and rows[0]["first_crossing"] == "" and rows[0]["checkpoint_iter"] == "10"
@@ -661,7 +662,12 @@ def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr
     floor = report_rows(report, "tuned")[0][7]
     assert re.fullmatch(r"mean − (modified )?KN \d+-gram floor, scored as the runs \(\d\.\d{4}\)", floor), floor
     assert all(re.fullmatch(r"[+-]\d\.\d{3} \((above|below|at)\)", row[7]) for row in table.values())
-    assert len(report_rows(report, "lr_grid")) == 3 and len(report_rows(report, "references")) == 2
+    assert len(report_rows(report, "lr_grid")) == 3
+    # runs of this code report the test part in sliding windows, and the floors are scored the same way
+    references = [row[0] for row in report_rows(report, "references")[1:]]
+    assert references == ["KN, full context", "modified KN, full context", "KN, as the runs: `sliding16s8`",
+                          "modified KN, as the runs: `sliding16s8`"]
+    assert "losses are reported on its second half (the test part, which no LR was chosen on)" in report
     assert_collect_rewrites_the_same_tables(tmp_path, report, f"--data_dir={data_dir}", configs)
 
     full = run_script("experiments/exp2_norm_comparison.py", "--full", "--out=full", "--tuned_from=res",
