@@ -89,7 +89,8 @@ def flops_per_token(model) -> float:
     """Training FLOPs per token: 6 per parameter (forward 2, backward 4) for the matmuls, plus
     attention's scores and weighted sum, 12 * n_layer * n_embd * T (Kaplan et al. 2020, sec. 2.1)."""
     cfg = model.config  # a GPTConfig
-    n_params = model.num_params() - model.pos_emb.weight.numel()  # lookups are not matmuls
+    lookups = model.pos_emb.weight.numel() if model.pos_emb is not None else 0  # none under pos rope
+    n_params = model.num_params() - lookups  # lookups are not matmuls
     return 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 

@@ -116,18 +116,20 @@ def pack_training_state(model, optimizer, scaler, state, dist, device: torch.dev
     }
 
 
-def resume_training_state(path: str, model_cfg, vocab: list[str], model, optimizer, scaler, state, dist) -> None:
+def resume_training_state(path: str, model_cfg, vocab: list[str], model, optimizer, scaler, state, dist,
+                          optimizer_name: str = "adamw") -> None:
     """Load the checkpoint ``path`` (written by ``pack_training_state``) into the run's objects,
-    after checking that it fits them. The RNG states are kept in ``state.pending_rng``, applied
-    when training starts. Under torchrun every rank reads the file, so across nodes it must be
-    on a shared filesystem."""
+    after checking that it fits them (``optimizer_name``: the run's cfg.optimizer). The RNG states
+    are kept in ``state.pending_rng``, applied when training starts. Under torchrun every rank reads
+    the file, so across nodes it must be on a shared filesystem."""
     ckpt = load_checkpoint(path, map_location="cpu")
     if not isinstance(ckpt.get("model_config"), dict):
         raise BabyGPTError(f"{path} is damaged (its model_config is not a mapping); start a new --out_dir")
+    check_same_optimizer(ckpt, optimizer_name, path)  # first: muon also changes the architecture (split_qkv)
     check_resumable(ckpt, model_cfg, vocab, dist.world_size, path)
     try:
         model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        load_optimizer_state(optimizer, ckpt["optimizer"])
         if ckpt["scaler"]:  # empty when the checkpointed run did not use float16
             scaler.load_state_dict(ckpt["scaler"])
         state.load_state_dict(ckpt)
@@ -141,7 +143,31 @@ def resume_training_state(path: str, model_cfg, vocab: list[str], model, optimiz
                            f"({type(e).__name__}); start a new --out_dir") from None
 
 
+def load_optimizer_state(optimizer, state: dict) -> None:
+    """Load a checkpoint's optimizer ``state`` (moments, momentum buffers, step counts) into
+    ``optimizer`` (a torch optimizer or optim.MuonWithAdamW), keeping this run's group settings
+    (lr_scale, weight_decay, betas, eps, momentum, adjust_lr_fn, ...): torch's load_state_dict takes
+    them from the checkpoint, whereas a resume runs with its own config, and says so where that
+    differs from the run's last start (trainer.resume_changes)."""
+    settings = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, own in zip(optimizer.param_groups, settings):
+        group.update(own)
+
+
 # ---------------------------------------------------------------- resuming
+
+def check_same_optimizer(ckpt: dict, optimizer_name: str, path: str) -> None:
+    """Refuse to continue a run under another optimizer: AdamW's moments and Muon's momentum buffers
+    are different states, and neither can be made from the other. A checkpoint from before the
+    ``optimizer`` key existed was written by an AdamW run."""
+    config = ckpt.get("config")
+    saved = config.get("optimizer", "adamw") if isinstance(config, dict) else "adamw"
+    if saved != optimizer_name:
+        raise BabyGPTError(f"{path} was trained with optimizer {saved}, this run asks for {optimizer_name}: its "
+                           f"optimizer state cannot continue under another optimizer; resume with "
+                           f"--optimizer={saved}, or start a new --out_dir")
+
 
 def check_resumable(ckpt: dict, model_cfg, vocab: list[str], world_size: int, path: str) -> None:
     """Refuse a checkpoint whose architecture, vocabulary or number of processes differs from

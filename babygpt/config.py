@@ -61,7 +61,22 @@ class TrainConfig(Checked):
     learning_rate: float = option(5.5e-3, "peak learning rate (AdamW)", valid=Range(
         0, MAX_LR, low_open=True, why=": AdamW moves each weight by about learning_rate per step, and far larger "
                                       "values overflow inside it"))
-    weight_decay: float = option(0.1, "AdamW weight decay on matrices (never on norm gains or biases)",
+    optimizer: Literal["adamw", "muon"] = option(
+        "adamw", "adamw = AdamW for every parameter; muon = torch.optim.Muon for the blocks' 2-D weight matrices "
+                 "and AdamW (learning_rate) for embeddings, the LM head and every gain, bias and scalar "
+                 "(docs/guide.md)")
+    muon_lr: float = option(0.02, "optimizer muon: peak learning rate of the Muon group (same warmup and "
+                                  "cosine shape as learning_rate)", valid=Range(0, MAX_LR, low_open=True))
+    muon_momentum: float = option(0.95, "optimizer muon: Muon's (Nesterov) momentum", valid=BELOW_1)
+    muon_adjust_lr: Literal["original", "match_rms_adamw"] = option(
+        "match_rms_adamw", "optimizer muon: torch.optim.Muon's adjust_lr_fn: original = lr * sqrt(max(1, A/B)) "
+                           "(Jordan et al.), match_rms_adamw = lr * 0.2 sqrt(max(A, B)) (Liu et al. 2025)")
+    qk_clip_tau: float = option(0.0, "QK-Clip (Kimi K2): after each step, rescale a head's W_q and W_k when "
+                                     "its largest attention logit of the step passed this; 0 = off",
+                                valid=Range(0))
+    weight_decay: float = option(0.1, "weight decay on matrices, decoupled, times each optimizer's own learning "
+                                      "rate: AdamW's, and under optimizer muon Muon's too (never on norm gains, "
+                                      "biases or scalars; docs/guide.md)",
                                  valid=AT_LEAST_0)
     beta1: float = option(0.9, "AdamW beta1", valid=BELOW_1)
     beta2: float = option(0.99, "AdamW beta2", valid=BELOW_1)
@@ -111,8 +126,26 @@ class TrainConfig(Checked):
             problems.append(f"norm_placement {self.model.norm_placement} renormalizes its matrices after every step, "
                             f"which undoes weight decay on them (only the position embedding would decay; nGPT "
                             f"trains without it); set weight_decay 0")
+        problems += self.normalization_conflicts()
         floats = float_problems(self)  # every float key's own declared range
         return problems + (floats or self.float_pair_problems())  # the pairs are read once both are valid
+
+    def normalization_conflicts(self) -> list[str]:
+        """What the model's own normalizations would undo or fight: Muon's update under nGPT, which puts
+        its matrices back on the unit sphere after every step (GPT.after_step) while Muon sizes the
+        update from the matrix's shape (adjust_lr), so part of it would be projected away, and nGPT was
+        tuned with Adam (Loshchilov et al. 2024, arXiv:2410.01131); and QK-Clip wherever a norm sits
+        between W_q, W_k and the logits (GPTConfig.qk_clip_refusal)."""
+        problems = []
+        placement = self.model.placement_class
+        if self.optimizer == "muon" and placement is not None and placement.on_sphere:
+            problems.append(f"norm_placement {self.model.norm_placement} puts its matrices back on the unit sphere "
+                            f"after every step: Muon's orthogonalized update, sized by the matrix's shape, would "
+                            f"be partly projected away, and nGPT's learning rates are AdamW's; set optimizer adamw")
+        refusal = self.model.qk_clip_refusal() if self.qk_clip_tau > 0 else None
+        if refusal is not None:
+            problems.append(f"qk_clip_tau {self.qk_clip_tau:g}: {refusal}")
+        return problems
 
     def float_pair_problems(self) -> list[str]:
         """The rules between float keys, each of which is already in its own range."""
@@ -121,13 +154,18 @@ class TrainConfig(Checked):
             problems.append(f"learning_rate x weight_decay must be below 1, got {self.learning_rate:g} x "
                             f"{self.weight_decay:g}: AdamW scales every decayed weight by (1 - their product) "
                             f"each step; lower one of them")
+        if self.optimizer == "muon" and self.muon_lr * self.weight_decay >= 1:
+            problems.append(f"muon_lr x weight_decay must be below 1 under optimizer muon, got {self.muon_lr:g} x "
+                            f"{self.weight_decay:g}: Muon scales every matrix by (1 - their product) each step; "
+                            f"lower one of them")
         if self.min_lr > self.learning_rate:
             problems.append(f"min_lr ({self.min_lr}) must be between 0 and learning_rate ({self.learning_rate})")
         return problems
 
     def model_config(self, vocab_size: int) -> GPTConfig:
         """The model to build for a vocabulary of ``vocab_size`` (which the data decides)."""
-        return dataclasses.replace(self.model, vocab_size=vocab_size)
+        split = self.optimizer == "muon" if self.model.split_qkv is None else self.model.split_qkv
+        return dataclasses.replace(self.model, vocab_size=vocab_size, split_qkv=split)
 
     @property
     def decay_iters(self) -> int:

@@ -14,6 +14,10 @@ optimizer step adds one row to ``metrics.jsonl`` with a value per block (layer 0
   attn_logit_max  the largest pre-softmax attention score q.k / sqrt(D) of block l over the batch,
                 heads and visible positions (same extra pass). Scores that keep growing saturate
                 the softmax into one-hot attention (Dehghani et al. 2023; Wortsman et al. 2023).
+                With attn_softcap, the capped score the softmax reads.
+  attn_logit_max_head  the same per head: one list of H values per block (layer 0 first), so a
+                single runaway head (what QK-Clip rescales, Kimi K2) shows. Not in KEYS: the
+                layer-by-iteration heatmaps of babygpt/plot.py draw one value per block.
   token_independence  how much of the stream leaving block l is the same at every position of a
                 sequence: sum over (b, c) of T * mean_t(x)^2, divided by sum of x^2 (same extra
                 pass). 1 means the stream no longer depends on which token sits where, so the
@@ -61,6 +65,7 @@ KEYS = ("resid_rms", "resid_max", "attn_logit_max", "token_independence", "tanh_
 SINGLE_VALUE = ("output_logz",)  # one value per measured step, not one per block
 SHARES = ("tanh_saturation", "angular_distance")  # fractions in [0, 1], where 0 is an ordinary value
 SIGNED = ("removal_loss_delta",)  # may be negative: drawn on a linear scale
+PER_HEAD = ("attn_logit_max_head",)  # one list of per-head values per block
 
 
 class StepHook:
@@ -151,7 +156,7 @@ class LayerDiagnostics(StepHook):
             turn.append(angular_distance(inputs[0], out))
 
         def after_attention(module, inputs, out):  # inputs[0]: (B, T, C), what the attention reads
-            logit_max.append(module.attention_logits(inputs[0]).float().max())
+            logit_max.append(module.attention_logits(inputs[0]).float().amax(dim=(0, 2, 3)))  # (H,)
 
         # (saturated inputs, sum of squared inputs, inputs) of each block's squashing norms
         squash = [torch.zeros(3, dtype=torch.float64) for _ in self.blocks]
@@ -181,7 +186,9 @@ class LayerDiagnostics(StepHook):
         self.values["resid_rms"] = torch.stack(rms).tolist()  # (L,)
         self.values["resid_max"] = torch.stack(peak).tolist()
         self.values["token_independence"] = torch.stack(share).tolist()
-        self.values["attn_logit_max"] = torch.stack(logit_max).tolist()
+        per_head = torch.stack(logit_max)  # (L, H)
+        self.values["attn_logit_max"] = per_head.amax(dim=1).tolist()
+        self.values["attn_logit_max_head"] = per_head.tolist()
         self.values["angular_distance"] = torch.stack(turn).tolist()
         if any(n > 0 for _, _, n in squash):
             self.values["tanh_saturation"] = [(s / n).item() for s, _, n in squash]
@@ -216,4 +223,7 @@ class LayerDiagnostics(StepHook):
         (output_logz: one value in a list; None where a value is not finite, as JSON has no NaN,
         and a whole None where the model has no such quantity)."""
         clean = lambda vs: None if vs is None else [v if math.isfinite(v) else None for v in vs]  # noqa: E731
-        return {"iter": it, **{k: clean(self.values.get(k)) for k in KEYS}}
+        row = {"iter": it, **{k: clean(self.values.get(k)) for k in KEYS}}
+        for k in PER_HEAD:
+            row[k] = None if k not in self.values else [clean(vs) for vs in self.values[k]]
+        return row

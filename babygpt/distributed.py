@@ -5,7 +5,10 @@
 torchrun starts N copies of train.py and tells each who it is through the environment
 (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Every copy (a *rank*) holds the
 whole model, trains on its own batches, and DistributedDataParallel averages the gradients
-during backward, so all ranks take the same optimizer step. Without those variables
+during backward, so all ranks take the same optimizer step: AdamW's, or Muon's (optim.py), whose
+Newton-Schulz iteration then runs on the same averaged gradient on every rank (each rank computes
+the whole update; nothing is sharded). QK-Clip's per-head maxima are the one thing a rank sees alone:
+update.py takes their MAX over the ranks (``Dist.max``) before clipping. Without those variables
 BabyGPT runs as one plain process and nothing here is used.
 """
 

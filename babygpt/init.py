@@ -19,9 +19,13 @@ and the attention value and output projections with Xavier-normal of gain beta =
 query and key projections with gain 1, and drops the depth factor (beta already is the depth
 scaling). Under ``xavier`` that is done exactly; under ``gpt2``, whose base is N(0, 0.02) rather
 than Xavier, the same weights get std 0.02 * beta and the query and key rows keep 0.02. (The
-authors' torchscale code differs in detail: Xavier-uniform with gain 1/sqrt(2) on q, k, v and
-PyTorch's default init on the FFN before dividing fc1, fc2, v_proj and out_proj by (8N)^(1/4);
-this project follows the paper.)
+authors' torchscale code differs: its ``MultiheadAttention.reset_parameters`` (Xavier-uniform,
+gain 1/sqrt(2), on q, k, v) is never called (microsoft/torchscale torchscale/component/
+multihead_attention.py; nothing in the package calls it, and ``MultiwayNetwork`` resets only its
+wrapped Linear), so q, k, v, out_proj and the FFN keep PyTorch's default Linear init,
+U(-1/sqrt(fan_in), 1/sqrt(fan_in)), or N(0, 0.02) with ``bert_init``, before the decoder divides
+every fc1, fc2, v_proj and out_proj weight by (8N)^(1/4) (torchscale/architecture/decoder.py); this
+project follows the paper. A swiglu MLP's ``up`` counts as an FFN weight.)
 
 The two inits differ in three parts, and an explanation that credits "the init" bundles all three
 (docs/experiments.md, "How configurations are compared"). Each part is a key of its own, so that
@@ -33,6 +37,17 @@ an ablation can change one at a time; unset, a part follows ``init``:
 
 The presets draw their random numbers exactly as before the parts existed (so a gpt2 or xavier run
 of an earlier version is reproduced bit for bit); a changed part re-draws or rescales after them.
+
+``split_qkv``: the three (C, C) layers q, k, v are drawn as the fused (3C, C) layer is, one matrix
+of random numbers cut into three, so a split model starts with the fused model's values.
+
+``zero_init_proj`` (modded-nanogpt train_gpt.py, ``c_proj.weight.data.zero_()`` in the attention
+and the MLP; karpathy/nanochat gpt.py ``init_weights`` zeroes both c_proj): after everything above,
+sa.proj and ffwd.proj weights are set to 0, so every Pre-LN block starts as the identity and the
+model's output at init is the embedding's through ln_f and the head. Their random draws still
+happen first, so every other weight is the one the run without zero_init_proj has; the depth
+factor then has nothing to scale (0 / sqrt(2N) = 0): with zero_init_proj it is moot, and setting
+init_depth_factor is refused. Their biases are 0 under every init already.
 """
 
 from __future__ import annotations
@@ -65,6 +80,15 @@ def init_parts(config) -> InitParts:
 
 def init_weights(model: nn.Module) -> None:
     """Initialise every Linear and Embedding weight of ``model`` (a GPT) by its config's init parts."""
+    _init_by_parts(model)
+    if model.config.zero_init_proj:
+        with torch.no_grad():
+            for block in model.blocks:
+                block.sa.proj.weight.zero_()
+                block.ffwd.proj.weight.zero_()
+
+
+def _init_by_parts(model: nn.Module) -> None:
     parts = init_parts(model.config)
     deepnorm = model.config.norm_placement == "deepnorm"
     if parts.linear == "xavier":
@@ -80,9 +104,10 @@ def init_weights(model: nn.Module) -> None:
 
 
 def _init_embeddings(model: nn.Module, std: float) -> None:
-    """Token and position embeddings N(0, std^2) (the tied LM head with them)."""
+    """Token and position embeddings N(0, std^2) (the tied LM head with them; pos rope has no position embeddings)."""
     nn.init.normal_(model.tok_emb.weight, mean=0.0, std=std)
-    nn.init.normal_(model.pos_emb.weight, mean=0.0, std=std)
+    if model.pos_emb is not None:
+        nn.init.normal_(model.pos_emb.weight, mean=0.0, std=std)
 
 
 def _scale_residual_projections(model: nn.Module) -> None:
@@ -95,14 +120,49 @@ def _scale_residual_projections(model: nn.Module) -> None:
 
 
 def attention_matrices(block: nn.Module) -> dict[str, torch.Tensor]:
-    """The (C, C) views of one block's W^Q, W^K, W^V (rows of the fused qkv weight) and W^O."""
-    w = block.sa.qkv.weight  # (3C, C)
+    """The (C, C) views of one block's W^Q, W^K, W^V (rows of the fused qkv weight, or the split
+    layers' weights) and W^O."""
+    sa = block.sa
+    if sa.split:
+        return {"q": sa.q.weight, "k": sa.k.weight, "v": sa.v.weight, "o": sa.proj.weight}
+    w = sa.qkv.weight  # (3C, C)
     C = w.shape[1]
-    return {"q": w[:C], "k": w[C:2 * C], "v": w[2 * C:], "o": block.sa.proj.weight}
+    return {"q": w[:C], "k": w[C:2 * C], "v": w[2 * C:], "o": sa.proj.weight}
+
+
+def _ffn_matrices(block: nn.Module) -> list[torch.Tensor]:
+    """The MLP's weights: fc, (swiglu's up,) proj."""
+    ffwd = block.ffwd
+    return [ffwd.fc.weight] + ([ffwd.up.weight] if ffwd.up is not None else []) + [ffwd.proj.weight]
+
+
+def _each_module(model: nn.Module):
+    """``model.modules()`` as the inits draw from them: a split attention's q, k, v come as one
+    stand-in Linear of shape (3C, C) in their place, whose values are copied into them once the
+    caller has drawn them (so a split model draws exactly the fused model's numbers)."""
+    split_parts = set()
+    for module in model.modules():
+        if id(module) in split_parts:
+            continue
+        if isinstance(module, nn.Module) and getattr(module, "split", False) and hasattr(module, "q"):
+            parts = (module.q, module.k, module.v)
+            split_parts |= {id(p) for p in parts}
+            yield module
+            C = module.q.weight.shape[1]
+            fused = nn.utils.skip_init(nn.Linear, C, 3 * C, bias=False, device=module.q.weight.device,
+                                       dtype=module.q.weight.dtype)  # no random numbers drawn here
+            yield fused
+            with torch.no_grad():
+                for i, part in enumerate(parts):
+                    part.weight.copy_(fused.weight[i * C:(i + 1) * C])
+                    if part.bias is not None:
+                        part.bias.zero_()
+        else:
+            yield module
 
 
 def _init_gpt2(model: nn.Module, depth_factor: bool = True) -> None:
-    for module in model.modules():
+    for module in _each_module(model):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
@@ -111,7 +171,7 @@ def _init_gpt2(model: nn.Module, depth_factor: bool = True) -> None:
     for block in model.blocks:
         if model.config.norm_placement == "deepnorm":
             attn = attention_matrices(block)
-            for w in (block.ffwd.fc.weight, block.ffwd.proj.weight, attn["o"], attn["v"]):
+            for w in (*_ffn_matrices(block), attn["o"], attn["v"]):
                 nn.init.normal_(w, mean=0.0, std=0.02 * (8 * N) ** -0.25)
         elif depth_factor:  # re-drawn, not rescaled: the preset's random numbers stay as they always were
             nn.init.normal_(block.sa.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * N))
@@ -119,7 +179,7 @@ def _init_gpt2(model: nn.Module, depth_factor: bool = True) -> None:
 
 
 def _init_xavier(model: nn.Module) -> None:
-    for module in model.modules():
+    for module in _each_module(model):
         if isinstance(module, nn.Linear):
             nn.init.xavier_uniform_(module.weight)
             if module.bias is not None:
@@ -129,7 +189,7 @@ def _init_xavier(model: nn.Module) -> None:
         attn = attention_matrices(block)
         if model.config.norm_placement == "deepnorm":
             beta = (8 * N) ** -0.25
-            for w in (block.ffwd.fc.weight, block.ffwd.proj.weight, attn["v"], attn["o"]):
+            for w in (*_ffn_matrices(block), attn["v"], attn["o"]):
                 nn.init.xavier_normal_(w, gain=beta)
             for w in (attn["q"], attn["k"]):
                 nn.init.xavier_normal_(w, gain=1.0)

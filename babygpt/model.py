@@ -29,6 +29,10 @@ QK_SCALES = ("fixed", "learned", "per_head")  # what multiplies q.k once queries
 INITS = ("gpt2", "xavier")  # see babygpt/init.py
 INIT_LINEAR = ("normal", "xavier")
 INIT_EMBEDDING = ("small", "unit")
+POSITIONS = ("learned", "rope")  # how the model knows where a token is
+MLPS = ("gelu", "swiglu", "relu2")  # the FeedForward's activation (swiglu: gated)
+QK_NORM_SCOPES = ("head", "width")  # what one q/k norm sees: a head's D channels, or all C of the projection
+QK_NORM_ORDERS = ("norm_rope", "rope_norm")  # with pos rope: queries and keys normalized before or after rotation
 
 
 @dataclass
@@ -50,7 +54,8 @@ class GPTConfig(Checked):
         None, "norm before the LM head; none = as the placement declares it (off for post, deepnorm and admin, "
               "whose last norm already normalizes the output, and for ngpt, whose stream is on the sphere; on for "
               "the others)")
-    qk_norm: bool = option(False, "normalize queries and keys per head with norm_type before attention")
+    qk_norm: bool = option(False, "normalize queries and keys with norm_type before attention (per head, or "
+                                  "over the whole width: qk_norm_scope)")
     qk_scale: str = option(
         "fixed", "what multiplies the attention logits once queries and keys are normalized (qk_norm, or "
                  "norm_placement hybrid): fixed = 1/sqrt(head size) as without QK-norm; learned = one learnable "
@@ -82,6 +87,35 @@ class GPTConfig(Checked):
              "1e-6 deeper)", valid=Range(0, 1, low_open=True))
     emb_norm: bool = option(False, "normalize the embedding output (token + position) with norm_type before "
                                    "block 0 (Peri-LN, Kim et al. 2025)")
+    norm_gain_offset: bool = option(
+        False, "store every norm gain as w and use 1 + w, w starting at 0 (Gemma's unit offset): weight decay "
+               "then pulls the gain towards 1, not 0")
+    derf_alpha_init: float = option(0.5, "initial alpha of norm_type derf: y = gamma*erf(alpha*x + s)+beta",
+                                    valid=ALPHA_INIT_RANGE)
+    derf_shift_init: float = option(0.0, "initial shift s of norm_type derf", valid=Range(-10, 10))
+    # The block of today's open models (babygpt/model.py): each off by default, so every committed
+    # table keeps the GPT-2 block it was measured on.
+    pos: str = option("learned", "positions: learned = a learned embedding added to the tokens' (GPT-2); rope = "
+                                 "rotary embeddings applied to queries and keys in every layer (Su et al. 2021)")
+    rope_base: float = option(10000.0, "pos rope: the base of the rotation frequencies", valid=Range(1, low_open=True))
+    qk_norm_scope: str = option("head", "qk_norm over each head's D channels (head), or over the whole C-wide q "
+                                        "and k projections before they are split into heads (width, OLMo 2)")
+    qk_norm_order: str = option("norm_rope", "pos rope with qk_norm: normalize queries and keys before the "
+                                             "rotation (norm_rope, Qwen3/OLMo 2) or after it (rope_norm, nanochat)")
+    mlp: str = option("gelu", "the MLP: gelu = C -> 4C -> GELU -> C; relu2 = the same with ReLU squared; swiglu "
+                              "= gated SiLU with hidden width sized to keep the parameter count (see FeedForward)")
+    split_qkv: Optional[bool] = option(
+        None, "q, k and v as three Linear layers instead of one fused one (same initial values); none = split "
+              "under optimizer muon, which orthogonalizes each matrix on its own, fused otherwise")
+    zero_init_proj: bool = option(False, "start the two projections that write into the stream (sa.proj, "
+                                         "ffwd.proj) at zero, so every block starts as the identity")
+    residual_lambdas: bool = option(
+        False, "before each block, x = lambda_resid * x + lambda_x0 * x0 with two learnable scalars per block "
+               "(x0 the embedding output), starting at 1 and 0 (modded-nanogpt; nanochat)")
+    logit_softcap: float = option(0.0, "cap the output logits smoothly at +-this: cap * tanh(logits / cap) "
+                                       "(Gemma 2: 30, nanochat: 15); 0 = off", valid=Range(0))
+    attn_softcap: float = option(0.0, "cap the attention logits the same way (Gemma 2: 50); 0 = off",
+                                 valid=Range(0))
     init: str = option(
         "gpt2", "weight init: gpt2 = N(0, 0.02), residual projections / sqrt(2 n_layer), stream RMS about "
                 "0.03; xavier = Xavier-uniform Linear weights, embeddings N(0, 1/n_embd) times sqrt(n_embd), "
@@ -127,8 +161,30 @@ class GPTConfig(Checked):
             problems.append("init_depth_factor does not apply to norm_placement deepnorm (its beta gains are its "
                             "depth scaling); leave init_depth_factor unset")
         # The norm options are fields here, checked above by the same declared ranges: each problem once.
-        problems += [p for p in self.norm_options().problems() if p not in problems]
-        return problems + self.qk_problems() + self.sphere_problems() + self.identity_norm_problems()
+        problems += [p for p in self.norm_options().problems(self.norm_type if self.norm_type in NORMS else None)
+                     if p not in problems]
+        return (problems + self.qk_problems() + self.sphere_problems() + self.identity_norm_problems()
+                + self.stack_problems())
+
+    def stack_problems(self) -> list[str]:
+        """The modern block's switches (pos, mlp, split_qkv, the soft-caps, qk_norm_scope and order):
+        unknown choices, and combinations that would change nothing or cannot be built
+        (``modern_block_problems``)."""
+        return modern_block_problems(self)
+
+    def qk_clip_refusal(self) -> str | None:
+        """Why QK-Clip (GPT.qk_clip, TrainConfig.qk_clip_tau) cannot act on this model, or None. It
+        rescales W_q and W_k; a norm between them and the logits (qk_norm, HybridNorm, nGPT) undoes
+        that, and bounds the logits itself (Kimi K2 proposes QK-Clip for MLA, where QK-norm cannot
+        be applied)."""
+        placement = self.placement_class
+        if self.qk_norm:
+            return "qk_norm normalizes queries and keys after W_q and W_k, which undoes QK-Clip's rescaling; " \
+                   "set qk_norm false or qk_clip_tau 0"
+        if placement is not None and (placement.normalizes_qkv or placement.on_sphere):
+            return f"norm_placement {self.norm_placement} normalizes queries and keys itself, which undoes " \
+                   f"QK-Clip's rescaling; set qk_clip_tau 0"
+        return None
 
     def sphere_problems(self) -> list[str]:
         """nGPT has no norm layers, no biases and no dropout, and does its own QK normalization."""
@@ -184,7 +240,9 @@ class GPTConfig(Checked):
 
     def norm_options(self) -> NormOptions:
         """The options every norm of the model is built with."""
-        return NormOptions(eps=self.norm_eps, bias=self.bias, alpha_init=self.dyt_alpha_init)
+        return NormOptions(eps=self.norm_eps, bias=self.bias, alpha_init=self.dyt_alpha_init,
+                           gain_offset=self.norm_gain_offset, derf_alpha_init=self.derf_alpha_init,
+                           derf_shift_init=self.derf_shift_init)
 
     @property
     def mixln_post_blocks(self) -> int:
@@ -204,11 +262,60 @@ class GPTConfig(Checked):
         return self.final_norm
 
 
+def modern_block_problems(cfg: GPTConfig) -> list[str]:
+    """GPTConfig.stack_problems: the modern block's switches, one message per problem, each naming the fix."""
+    problems = []
+    for name, choices in (("pos", POSITIONS), ("mlp", MLPS), ("qk_norm_scope", QK_NORM_SCOPES),
+                          ("qk_norm_order", QK_NORM_ORDERS)):
+        if getattr(cfg, name) not in choices:
+            problems.append(unknown_choice(name, getattr(cfg, name), choices))
+    placement = cfg.placement_class
+    normalizes_qk = cfg.qk_norm or (placement is not None and placement.normalizes_qkv)
+    if cfg.pos == "learned" and cfg.rope_base != 10000.0:
+        problems.append(f"rope_base applies to pos rope only, got rope_base {cfg.rope_base:g} with pos learned; "
+                        f"set pos rope or leave rope_base at 10000")
+    if (cfg.pos == "rope" and isinstance(cfg.n_embd, int) and isinstance(cfg.n_head, int) and cfg.n_head > 0
+            and cfg.n_embd % cfg.n_head == 0 and (cfg.n_embd // cfg.n_head) % 2):
+        problems.append(f"pos rope rotates pairs of channels, so the head size n_embd / n_head must be even, got "
+                        f"{cfg.n_embd // cfg.n_head}; change n_embd or n_head")
+    if cfg.qk_norm_order == "rope_norm" and cfg.pos != "rope":
+        problems.append("qk_norm_order rope_norm normalizes queries and keys after the rotary embedding, which "
+                        "needs pos rope; set pos rope or qk_norm_order norm_rope")
+    elif cfg.qk_norm_order == "rope_norm" and not normalizes_qk:
+        problems.append("qk_norm_order rope_norm orders the QK-norm and the rotation, but queries and keys are "
+                        "not normalized; set qk_norm true or qk_norm_order norm_rope")
+    if cfg.qk_norm_scope == "width" and not cfg.qk_norm:
+        problems.append("qk_norm_scope width says how qk_norm normalizes, but qk_norm is false; set qk_norm true "
+                        "or qk_norm_scope head")
+    elif cfg.qk_norm_scope == "width" and cfg.qk_scale != "fixed":
+        problems.append(f"qk_scale {cfg.qk_scale} multiplies the cosine of each head's normalized query and key, "
+                        f"but qk_norm_scope width normalizes all heads together, so a head's vectors have no "
+                        f"fixed size; set qk_norm_scope head or qk_scale fixed")
+    if cfg.zero_init_proj and cfg.residual_gate in ("rezero", "skipinit"):
+        problems.append(f"zero_init_proj with residual_gate {cfg.residual_gate}: the gate and the projection "
+                        f"behind it would both start at 0, so neither gets a gradient; choose one of them")
+    if cfg.zero_init_proj and cfg.init_depth_factor is not None:
+        problems.append("init_depth_factor scales sa.proj and ffwd.proj, which zero_init_proj starts at 0; "
+                        "leave init_depth_factor unset")
+    if placement is not None and placement.on_sphere:
+        why = f"norm_placement {cfg.norm_placement} keeps the stream and the weights on the unit sphere"
+        asked = [(cfg.mlp != "gelu", f"its MLP scaling (s_u) is written for the gelu MLP here; set mlp gelu"),
+                 (cfg.zero_init_proj, "a zero matrix has no direction to put on the sphere; set "
+                                       "zero_init_proj false"),
+                 (cfg.residual_lambdas, "its stream moves by the alphas and stays on the sphere, which "
+                                         "residual_lambdas would scale off it; set residual_lambdas false")]
+        problems += [f"{why}: {text}" for bad, text in asked if bad]
+    return problems
+
+
 class KVCache:
     """Keys and values of the positions seen so far, one slot per layer, for fast sampling.
 
     Preallocated to ``block_size`` positions: a sequence never needs more, since the model
-    cannot attend further back than its position embeddings reach.
+    cannot attend further back than its position embeddings reach (with pos rope: than the
+    rotation tables, built for block_size positions, and the windows it was trained on). Under
+    pos rope the keys are stored rotated, each at its position in the cache (0 is the first
+    token of the context window).
     """
 
     def __init__(self, cfg: GPTConfig, batch: int, device, dtype):
@@ -223,6 +330,50 @@ class KVCache:
         self.k[layer, :, :, self.length:end] = k
         self.v[layer, :, :, self.length:end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, H, length + T, D)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding, RoPE (Su et al. 2021, RoFormer, arXiv:2104.09864): channel pair i
+    of a query or key at position m is rotated by the angle m * theta_i, theta_i = base^(-2i/D),
+    i = 0 .. D/2 - 1, so that q_m . k_n depends on the positions only through m - n (RoFormer eq. 16).
+
+    Pairing: the half-split one, channel i with channel i + D/2 (GPT-NeoX; Hugging Face's LLaMA
+    ``rotate_half``; karpathy/nanochat nanochat/gpt.py ``apply_rotary_emb``). RoFormer's paper and
+    its code (ZhuiyiTechnology/roformer, on bert4keras) and Meta's LLaMA reference
+    (facebookresearch/llama llama/model.py, ``view_as_complex`` on adjacent channels) pair adjacent
+    channels (2i, 2i + 1) instead; the two differ by a fixed permutation of W_q's and W_k's rows
+    per head, so they train the same. The rotation here is the textbook +angle (nanochat rotates by
+    -angle, which its code notes is equivalent). The cos/sin tables, (block_size, D/2), are computed
+    in float64 and kept as non-persistent float32 buffers (not in the state dict, rebuilt from the
+    config), as nanochat's ``cos``/``sin`` buffers; nanochat keeps them in bfloat16.
+    """
+
+    def __init__(self, head_size: int, block_size: int, base: float):
+        super().__init__()
+        inv_freq = base ** (-torch.arange(0, head_size, 2, dtype=torch.float64) / head_size)  # (D/2,)
+        angles = torch.outer(torch.arange(block_size, dtype=torch.float64), inv_freq)  # (block_size, D/2)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """x (B, H, T, D) at positions start .. start + T - 1, rotated; same shape and dtype."""
+        T = x.shape[-2]
+        cos, sin = self.cos[start:start + T].to(x.dtype), self.sin[start:start + T].to(x.dtype)  # (T, D/2)
+        x1, x2 = x.chunk(2, dim=-1)  # 2 x (B, H, T, D/2): channel i pairs with channel i + D/2
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (B, H, T, D)
+
+
+def soft_cap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap * tanh(x / cap) in float32: x where |x| << cap, bounded by +-cap (Gemma 2, Gemma Team 2024,
+    arXiv:2408.00118 §2: 50 on attention logits, 30 on the final ones; code google-deepmind/gemma
+    gemma/modules.py and gemma/transformer.py; karpathy/nanochat nanochat/gpt.py caps the output
+    logits at 15 in float32)."""
+    return cap * torch.tanh(x.float() / cap)
+
+
+def causal_mask(T: int, total: int, device) -> torch.Tensor:
+    """(T, total) bool, True where query t (the last T of ``total`` positions) may see key s: s <= t."""
+    return torch.ones(T, total, dtype=torch.bool, device=device).tril(diagonal=total - T)
 
 
 class QKScale(nn.Module):
@@ -267,16 +418,39 @@ class QKScale(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-    """Causal self-attention: one fused projection to q, k, v, then H heads in parallel.
+    """Causal self-attention: a projection to q, k, v, then H heads in parallel.
 
-    With ``qk_norm``, queries and keys are normalized per head, over the head size D,
-    by the configured norm before the dot product (QK-Norm: Henry et al. 2020,
-    arXiv:2010.04245; Dehghani et al. 2023, arXiv:2302.05442). This bounds the
-    attention logits, whose growth makes softmax saturate. One ``q_norm`` and one
-    ``k_norm`` per layer, shared by all heads. With ``qk_scale`` fixed, the 1/sqrt(D) scale
-    stays, which caps a logit at sqrt(D) times the gains' product: attention cannot sharpen
-    past that. ``qk_scale`` learned or per_head lets it (``QKScale``). With
-    ``normalize_values`` (HybridNorm) the values get a norm of their own too (``v_norm``).
+    The projection is one fused Linear ``qkv`` (C -> 3C), or with ``split_qkv`` three, ``q``, ``k``
+    and ``v`` (C -> C each, as nanochat's c_q, c_k, c_v), so that Muon orthogonalizes each matrix on
+    its own. Split layers start from the fused layer's values for the same seed (built from a fused
+    layer here, drawn as one (3C, C) matrix by babygpt/init.py), so the two are interchangeable.
+
+    With ``qk_norm``, queries and keys are normalized by the configured norm before the dot product
+    (QK-Norm: Henry et al. 2020, arXiv:2010.04245; Dehghani et al. 2023, arXiv:2302.05442). This
+    bounds the attention logits, whose growth makes softmax saturate. ``qk_norm_scope`` head: one
+    ``q_norm`` and one ``k_norm`` of width D per layer, shared by the heads, each D-vector on its
+    own. ``qk_norm_scope`` width: OLMo 2's form (arXiv:2501.00656; allenai/OLMo-core
+    src/olmo_core/nn/attention, ``q_norm``/``k_norm`` of size n_heads * head_dim unless
+    ``use_head_qk_norm``): one norm of width C over the whole query projection and one over the key
+    projection, all heads together, applied as if before the split into heads. With ``qk_scale``
+    fixed, the 1/sqrt(D) scale stays, which caps a logit at sqrt(D) times the gains' product:
+    attention cannot sharpen past that. ``qk_scale`` learned or per_head lets it (``QKScale``).
+    With ``normalize_values`` (HybridNorm) the values get a norm of their own too (``v_norm``).
+
+    With pos rope, queries and keys are rotated per head (``Rotary``) at their positions (in the
+    KV cache: after the cached ones). ``qk_norm_order``: norm_rope normalizes and then rotates
+    (Qwen3; OLMo 2, whose OLMo-core code norms q and k before ``rope``), rope_norm rotates and then
+    normalizes (karpathy/nanochat gpt.py, with a parameter-free RMSNorm). nanochat issue 743 asked
+    whether nanochat's order is a bug and concluded that for an RMSNorm without gain the two orders
+    are the same (the rotation keeps the RMS), which tests/test_modern_block.py checks; allenai/OLMo
+    issue 806 gives OLMo's reason for norm first. With a per-channel gain they differ: a gain after
+    the rotation weights the two channels of a rotated pair unequally, so q.k no longer depends on
+    the offset alone; norm-then-rotate keeps the relative-position property.
+
+    ``attn_softcap``: the logits are capped, cap * tanh(logits / cap), before the mask and softmax
+    (Gemma 2), which needs the explicit path ``attend``; without it the fused kernel
+    (F.scaled_dot_product_attention) runs. ``track_max_logit`` (QK-Clip, ``clip_qk``) records each
+    head's largest logit of the training forwards, an extra q.k^T without gradients.
 
     ``dropout`` here is on the attention probabilities only; the dropout of what the
     sublayer writes into the stream is the Block's, since where it belongs depends on
@@ -285,33 +459,68 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, cfg: GPTConfig, normalize_values: bool = False, on_sphere: bool = False):
         super().__init__()
+        C = cfg.n_embd
         self.n_head = cfg.n_head
-        self.head_size = cfg.n_embd // cfg.n_head  # D
+        self.head_size = C // cfg.n_head  # D
         self.dropout = cfg.dropout
-        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)  # writes into the residual stream
+        self.split = bool(cfg.split_qkv)  # None (not resolved by a TrainConfig) = fused
+        if self.split:  # drawn as the fused layer draws, then copied: the same random numbers used
+            fused = nn.Linear(C, 3 * C, bias=cfg.bias)
+            self.q, self.k, self.v = (nn.utils.skip_init(nn.Linear, C, C, bias=cfg.bias) for _ in range(3))
+            with torch.no_grad():
+                for i, part in enumerate((self.q, self.k, self.v)):
+                    part.weight.copy_(fused.weight[i * C:(i + 1) * C])
+                    if cfg.bias:
+                        part.bias.copy_(fused.bias[i * C:(i + 1) * C])
+        else:
+            self.qkv = nn.Linear(C, 3 * C, bias=cfg.bias)
+        self.proj = nn.Linear(C, C, bias=cfg.bias)  # writes into the residual stream
         head_size = self.head_size
         self.qk_norm = cfg.qk_norm or normalize_values
+        self.width_norm = cfg.qk_norm and cfg.qk_norm_scope == "width"
         if self.qk_norm:
-            self.q_norm = make_norm(cfg, head_size)  # over D
-            self.k_norm = make_norm(cfg, head_size)
+            self.q_norm = make_norm(cfg, C if self.width_norm else head_size)  # over D, or over C
+            self.k_norm = make_norm(cfg, C if self.width_norm else head_size)
         self.v_norm = make_norm(cfg, head_size) if normalize_values else None
         self.qk_scale = QKScale(cfg.qk_scale, cfg.n_head, head_size, cfg.block_size) \
             if cfg.qk_scale != "fixed" else None
         # nGPT: q and k on the unit sphere per head, times s_qk (one per head and channel, effective
         # init 1, scale 1/sqrt(C), as the code's sqk), and sqrt(D) as the softmax scale.
-        self.sqk = Scale((cfg.n_embd,), 1.0, cfg.n_embd ** -0.5) if on_sphere else None  # read as (H, 1, D)
+        self.sqk = Scale((C,), 1.0, C ** -0.5) if on_sphere else None  # read as (H, 1, D)
+        self.rotary = Rotary(head_size, cfg.block_size, cfg.rope_base) if cfg.pos == "rope" else None
+        self.rope_first = self.rotary is not None and cfg.qk_norm_order == "rope_norm"
+        self.softcap = cfg.attn_softcap
+        self.track_max_logit = False  # QK-Clip: set by GPT.track_max_logits
+        self.max_logit: torch.Tensor | None = None  # (H,), float32, the largest tracked logit per head
 
-    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries, keys and values of ``x`` (B, T, C), each (B, H, T, D); with ``qk_norm`` the
-        queries and keys are normalized, each D-vector on its own (and the values with ``v_norm``);
-        with ``qk_scale`` the queries carry the logits' scale."""
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of x (B, T, C): 3 x (B, T, C), from the fused or the split layers."""
+        if self.split:
+            return self.q(x), self.k(x), self.v(x)
+        return self.qkv(x).split(x.shape[-1], dim=2)
+
+    def normalize(self, norm: nn.Module, t: torch.Tensor) -> torch.Tensor:
+        """QK-norm of t (B, H, T, D): per head (width D), or (width scope) over the C channels of a
+        position, all heads together, as if before the head split."""
+        if not self.width_norm:
+            return norm(t)
+        B, H, T, D = t.shape
+        return norm(t.transpose(1, 2).reshape(B, T, H * D)).view(B, T, H, D).transpose(1, 2)
+
+    def heads(self, x: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of ``x`` (B, T, C) at positions start.., each (B, H, T, D); with
+        ``qk_norm`` the queries and keys are normalized (and the values with ``v_norm``), with pos rope
+        rotated, in ``qk_norm_order``; with ``qk_scale`` the queries carry the logits' scale."""
         B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
+        q, k, v = self.project(x)  # 3 x (B, T, C)
         # (B, T, C) -> (B, H, T, D): heads become a batch dimension
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if self.rope_first:
+            q, k = self.rotary(q, start), self.rotary(k, start)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.normalize(self.q_norm, q), self.normalize(self.k_norm, k)
+        if self.rotary is not None and not self.rope_first:
+            q, k = self.rotary(q, start), self.rotary(k, start)
         if self.sqk is not None:
             s_qk = self.sqk.value().view(self.n_head, 1, -1)  # (H, 1, D)
             q, k = sphere(q) * s_qk, sphere(k) * s_qk
@@ -328,52 +537,122 @@ class MultiHeadAttention(nn.Module):
             return math.sqrt(self.head_size)
         return 1.0 if self.qk_scale is not None else None
 
+    def scores(self, q: torch.Tensor, k: torch.Tensor, capped: bool = True) -> torch.Tensor:
+        """Pre-softmax scores of q (B, H, T, D) against k (B, H, S, D), (B, H, T, S), -inf where the
+        causal mask hides a key (q being the last T of the S positions); soft-capped if ``capped``."""
+        scores = q @ k.transpose(-2, -1)  # (B, H, T, S)
+        scores = scores / math.sqrt(q.shape[-1]) if self.scale() is None else scores * self.scale()
+        if capped and self.softcap:
+            scores = soft_cap(scores, self.softcap)  # float32
+        visible = causal_mask(q.shape[2], k.shape[2], q.device)  # (T, S)
+        return scores.masked_fill(~visible, float("-inf"))
+
     def attention_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The pre-softmax scores of ``x`` (B, T, C), as (B, H, T, T), -inf where the causal mask
-        hides a position. Forward computes the same inside its fused kernel; this explicit
-        version is for diagnostics (their growth saturates the softmax)."""
+        hides a position (soft-capped as the softmax reads them). Forward computes the same inside
+        its fused kernel; this explicit version is for diagnostics (their growth saturates the softmax)."""
         q, k, _ = self.heads(x)
-        T = x.shape[1]
-        scores = q @ k.transpose(-2, -1)  # (B, H, T, T)
-        scores = scores / math.sqrt(q.shape[-1]) if self.scale() is None else scores * self.scale()
-        visible = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        return scores.masked_fill(~visible, float("-inf"))
+        return self.scores(q, k)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Explicit attention (B, H, T, D), for attn_softcap: softmax (in float32) of the capped scores, times v."""
+        att = F.softmax(self.scores(q, k).float(), dim=-1).to(v.dtype)  # (B, H, T, S)
+        att = F.dropout(att, p=self.dropout, training=self.training)
+        return att @ v
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.heads(x)  # 3 x (B, H, T, D)
+        q, k, v = self.heads(x, cache.length if cache is not None else 0)  # 3 x (B, H, T, D)
         causal = True
         if cache is not None:
             if cache.length and T != 1:
                 raise ValueError("a KV cache takes either a whole prompt (empty cache) or one token")
             causal = cache.length == 0  # one new token may attend to every cached position
-            k, v = cache.append(layer, k, v)  # (B, H, length + T, D); keys stored normalized
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=causal, dropout_p=self.dropout if self.training else 0.0, scale=self.scale()
-        )  # (B, H, T, D); position t attends to positions <= t only
+            k, v = cache.append(layer, k, v)  # (B, H, length + T, D); keys stored normalized and rotated
+        if self.track_max_logit and self.training:
+            with torch.no_grad():  # QK-Clip's S_max per head: the raw logits, before any soft-cap
+                peak = self.scores(q, k, capped=False).float().amax(dim=(0, 2, 3))  # (H,)
+                self.max_logit = peak if self.max_logit is None else torch.maximum(self.max_logit, peak)
+        if self.softcap:
+            y = self.attend(q, k, v)  # (B, H, T, D)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, is_causal=causal, dropout_p=self.dropout if self.training else 0.0, scale=self.scale()
+            )  # (B, H, T, D); position t attends to positions <= t only
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.proj(y)
 
+    def query_key_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """W_q, W_k (C, C) and their biases (C,) or None: views into the fused layer, or the split ones."""
+        if self.split:
+            return self.q.weight, self.k.weight, self.q.bias, self.k.bias
+        C = self.proj.weight.shape[0]
+        b = self.qkv.bias
+        return self.qkv.weight[:C], self.qkv.weight[C:2 * C], \
+            None if b is None else b[:C], None if b is None else b[C:2 * C]
+
+    @torch.no_grad()
+    def clip_qk(self, tau: float, max_logit: torch.Tensor) -> None:
+        """QK-Clip of one layer: each head h whose largest logit max_logit[h] (H,) exceeds tau gets its
+        query and key rows (and biases) multiplied by sqrt(tau / max_logit[h]), so its logits shrink by
+        tau / max_logit[h] (the rotation and the 1/sqrt(D) are linear in q and in k)."""
+        gamma = torch.where(max_logit > tau, tau / max_logit.clamp_min(1e-30), torch.ones_like(max_logit))  # (H,)
+        factor = gamma.sqrt().repeat_interleave(self.head_size)  # (C,): channel c belongs to head c // D
+        for t in self.query_key_weights():
+            if t is not None:
+                t.mul_((factor.view(-1, 1) if t.dim() == 2 else factor).to(t.dtype))
+
+
+def ffn_hidden(cfg: GPTConfig) -> int:
+    """The MLP's hidden width: 4C, or for swiglu 2/3 of it (Shazeer 2020, arXiv:2002.05202 §2: the
+    three matrices of a gated unit at 2/3 the width keep the two-matrix FFN's parameter count),
+    rounded to the nearest multiple of 8 (LLaMA rounds up to a multiple of 256, too coarse at this
+    width): 8C/3 = 341.3 -> 344 at C = 128, 0.8% more weights than the GELU MLP."""
+    if cfg.mlp != "swiglu":
+        return 4 * cfg.n_embd
+    return max(8, 8 * round(8 * cfg.n_embd / 3 / 8))
+
 
 class FeedForward(nn.Module):
-    """Position-wise MLP: C -> 4C -> GELU -> C. Its residual dropout is the Block's. Under nGPT
-    (``on_sphere``) the hidden pre-activation is multiplied by s_u sqrt(C) (``su``, effective init 1):
-    the input and fc's rows are unit vectors, so without it every pre-activation would be a cosine
-    of size about 1/sqrt(C), where GELU is nearly linear (nGPT §2.4; its code scales its SwiGLU
-    input, both halves, the same way)."""
+    """Position-wise MLP, by ``mlp``; its residual dropout is the Block's.
+
+    - gelu: C -> 4C -> GELU -> C (GPT-2), ``fc`` then ``proj``.
+    - relu2: the same with ReLU(h)^2 (Primer, So et al. 2021, arXiv:2109.08668 §3; modded-nanogpt
+      train_gpt.py and nanochat gpt.py ``F.relu(x).square()``).
+    - swiglu: proj(SiLU(fc(x)) * up(x)) (Shazeer 2020, arXiv:2002.05202, FFN_SwiGLU with W = ``fc``,
+      V = ``up``, W2 = ``proj``; LLaMA's w1, w3, w2), hidden width ``ffn_hidden``. Gate and up are two
+      Linear layers, not one fused (C, 2h) one, so Muon orthogonalizes each. Shazeer and LLaMA have
+      no biases; here every Linear follows ``bias`` like the rest of the model (with bias: 2h + C
+      bias entries against the GELU MLP's 4C + C).
+
+    ``fc`` (the input matrix, for swiglu the gate) and ``proj`` (the one that writes into the residual
+    stream) keep their names in every variant: babygpt/init.py scales ``proj`` by depth, and nGPT
+    reads both. Under nGPT (``on_sphere``, gelu only) the hidden pre-activation is multiplied by s_u
+    sqrt(C) (``su``, effective init 1): the input and fc's rows are unit vectors, so without it every
+    pre-activation would be a cosine of size about 1/sqrt(C), where GELU is nearly linear (nGPT §2.4;
+    its code scales its SwiGLU input, both halves, the same way)."""
 
     def __init__(self, cfg: GPTConfig, on_sphere: bool = False):
         super().__init__()
-        self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
-        self.proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)  # writes into the residual stream
-        self.su = Scale((4 * cfg.n_embd,), 1.0, 1.0) if on_sphere else None
+        hidden = ffn_hidden(cfg)
+        self.kind = cfg.mlp
+        self.fc = nn.Linear(cfg.n_embd, hidden, bias=cfg.bias)
+        self.up = nn.Linear(cfg.n_embd, hidden, bias=cfg.bias) if cfg.mlp == "swiglu" else None
+        self.proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)  # writes into the residual stream
+        self.su = Scale((hidden,), 1.0, 1.0) if on_sphere else None
         self.width_factor = math.sqrt(cfg.n_embd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
-        h = self.fc(x)  # (B, T, 4C)
+        h = self.fc(x)  # (B, T, hidden)
         if self.su is not None:
             h = h * (self.su.value() * self.width_factor)
-        return self.proj(F.gelu(h))
+        if self.kind == "relu2":
+            h = F.relu(h).square()
+        elif self.kind == "swiglu":
+            h = F.silu(h) * self.up(x)
+        else:
+            h = F.gelu(h)
+        return self.proj(h)
 
 
 class Block(nn.Module):
@@ -419,14 +698,61 @@ def log_partition(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits.float(), dim=-1)  # (...)
 
 
-class GPT(nn.Module):
-    """Token + position embeddings -> n_layer Blocks -> ln_f -> LM head tied to the token embedding."""
+class QKClipMixin:
+    """GPT's QK-Clip side (``TrainConfig.qk_clip_tau``): track each head's largest attention logit,
+    then rescale the heads above tau. The optimizer step calls ``qk_clip`` after each update."""
+
+    def track_max_logits(self, on: bool = True) -> None:
+        """Start (or stop) recording each head's largest attention logit in training-mode forwards,
+        for ``qk_clip``. It costs one explicit q.k^T per layer and forward, without gradients."""
+        for block in self.blocks:
+            block.sa.track_max_logit, block.sa.max_logit = on, None
+
+    def tracked_max_logits(self) -> torch.Tensor:
+        """The largest attention logit per (layer, head) since tracking began or the last ``qk_clip``,
+        (L, H) float32: the raw q.k scaled as the softmax reads it, before any attn_softcap."""
+        peaks = [block.sa.max_logit for block in self.blocks]
+        if any(p is None for p in peaks):
+            raise RuntimeError("no attention logits tracked: call track_max_logits(True) and run a training-mode "
+                               "forward first")
+        return torch.stack(peaks)
+
+    @torch.no_grad()
+    def qk_clip(self, tau: float, max_logits: torch.Tensor | None = None) -> torch.Tensor:
+        """QK-Clip (Kimi K2, Kimi Team 2025, arXiv:2507.20534 §2.1, MuonClip; Su's blog post
+        kexue.fm/archives/11126): after an optimizer step, for every head h of every layer whose
+        largest logit S_max^h (``tracked_max_logits``, or ``max_logits`` (L, H), e.g. all-reduced
+        with MAX across data-parallel ranks, which must all clip alike) exceeds ``tau``,
+        gamma_h = tau / S_max^h and that head's rows of W_q and W_k (and their biases) are each
+        multiplied by sqrt(gamma_h), so its logits on the same input become at most tau. This is the
+        paper's per-head form for ordinary multi-head attention (it splits gamma as gamma^alpha on
+        W_q and gamma^(1 - alpha) on W_k, alpha = 0.5 in K2); K2 itself uses MLA, where the shared
+        rotary key is left alone and the per-head rotary query takes all of gamma. Heads below tau
+        are untouched. Returns the (L, H) maxima used, and resets tracking (it stays on).
+
+        The paper offers QK-Clip where QK-norm cannot be used (MLA never materializes full keys); a
+        norm between W_q, W_k and the logits undoes the rescaling, so a model with qk_norm,
+        HybridNorm or nGPT refuses (``GPTConfig.qk_clip_refusal``)."""
+        refusal = self.config.qk_clip_refusal()
+        if refusal is not None:
+            raise ValueError(f"qk_clip: {refusal}")
+        peaks = self.tracked_max_logits() if max_logits is None else max_logits.float()  # (L, H)
+        for block, peak in zip(self.blocks, peaks):
+            block.sa.clip_qk(tau, peak)
+            block.sa.max_logit = None
+        return peaks
+
+
+class GPT(QKClipMixin, nn.Module):
+    """Token (+ learned position) embeddings -> n_layer Blocks -> ln_f -> LM head tied to the token
+    embedding (-> logit soft-cap). With pos rope there is no ``pos_emb``: positions enter in each
+    attention layer (``Rotary``)."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.config = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.pos_emb = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.pos_emb = nn.Embedding(cfg.block_size, cfg.n_embd) if cfg.pos == "learned" else None
         # Peri-LN's embedding norm (emb_norm); the identity otherwise, so the state dict keeps its keys.
         self.ln_emb = make_norm(cfg, cfg.n_embd, None if cfg.emb_norm else "none")
         self.drop = nn.Dropout(cfg.dropout)
@@ -439,13 +765,28 @@ class GPT(nn.Module):
         # way in starts the stream at unit RMS (Vaswani et al. 2017), while the tied LM head reads
         # the unscaled matrix. GPT-2 init has no such factor. DyT's LLaMA recipe (Zhu et al. 2025,
         # the authors' other_tasks/LLaMA code) makes it a learnable scalar starting at sqrt(C),
-        # on N(0, 0.02) embeddings: their stream starts at RMS 0.02 sqrt(C), not 0.03.
+        # on N(0, 0.02) embeddings: their stream starts at RMS 0.02 sqrt(C), not 0.03. Fidelity: their
+        # GPT-2 port (as the issue reads the authors' code) multiplies token + position embeddings by
+        # the scalar; here only the token embeddings are scaled, so that one switch means the same with
+        # pos learned and pos rope, and the position embeddings keep the N(0, 0.02) scale they have in
+        # every other run of this project. A run comparing against their GPT-2 numbers should note it.
         scale = math.sqrt(cfg.n_embd) if init_parts(cfg).embedding == "unit" or cfg.emb_scale_learnable else 1.0
         self.emb_scale = nn.Parameter(torch.tensor(scale)) if cfg.emb_scale_learnable else scale  # () or float
         # nGPT (babygpt/placements.py, NGPT): the stream and the matrices on the unit sphere, and the
         # logits scaled per vocabulary entry by s_z (effective init 1, scale 1/sqrt(C), as the code's sz).
         self.on_sphere = PLACEMENT_CLASSES[cfg.norm_placement].on_sphere
         self.logit_scale = Scale((cfg.vocab_size,), 1.0, cfg.n_embd ** -0.5) if self.on_sphere else None
+        # residual_lambdas (modded-nanogpt train_gpt.py, Block.lambdas = [1., 0.], x = l0 x + l1 x0
+        # before each block; karpathy/nanochat gpt.py resid_lambdas, x0_lambdas): one scalar pair per
+        # block, the stream's weight from 1 and the embedding's from 0, as modded-nanogpt (and nanochat
+        # at first) start them, so the model starts as the one without them. nanochat now starts them
+        # per layer at 1.15 -> 1.05 and 0.20 -> 0.05, tuned for its depth-12+ models; not followed.
+        # Vectors (L,), never weight-decayed (configure_optimizers).
+        if cfg.residual_lambdas:
+            self.resid_lambdas = nn.Parameter(torch.ones(cfg.n_layer))
+            self.x0_lambdas = nn.Parameter(torch.zeros(cfg.n_layer))
+        else:
+            self.resid_lambdas = self.x0_lambdas = None
         init_weights(self)  # by cfg.init: see babygpt/init.py
         self.after_step()  # nGPT: its matrices start on the sphere, as the code normalizes them before step 0
 
@@ -454,23 +795,29 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def embed(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """The stream block 0 reads: token + position embeddings of idx (B, T) at positions start.., (B, T, C)."""
-        pos = torch.arange(start, start + idx.shape[1], device=idx.device)  # (T,)
-        x = self.drop(self.ln_emb(self.tok_emb(idx) * self.emb_scale + self.pos_emb(pos)))
+        """The stream block 0 reads: token + position embeddings of idx (B, T) at positions start.., (B, T, C).
+        With pos rope, the token embeddings only."""
+        if self.pos_emb is None:
+            x = self.drop(self.ln_emb(self.tok_emb(idx) * self.emb_scale))
+        else:
+            pos = torch.arange(start, start + idx.shape[1], device=idx.device)  # (T,)
+            x = self.drop(self.ln_emb(self.tok_emb(idx) * self.emb_scale + self.pos_emb(pos)))
         return sphere(x) if self.on_sphere else x
 
     @torch.no_grad()
     def after_step(self) -> None:
         """After every optimizer step (and once at init): nGPT puts each matrix back on the unit
         sphere along its embedding dimension (the code's normalize_matrices): the rows of the token
-        embedding (and so of the tied LM head), of qkv and of fc, and the columns of the two
-        projections that write into the stream. Nothing for the other placements."""
+        embedding (and so of the tied LM head), of qkv (or q, k, v) and of fc, and the columns of the
+        two projections that write into the stream. Nothing for the other placements."""
         if not self.on_sphere:
             return
         matrices = [(self.tok_emb.weight, 1)]
         for block in self.blocks:
-            matrices += [(block.sa.qkv.weight, 1), (block.sa.proj.weight, 0),
-                         (block.ffwd.fc.weight, 1), (block.ffwd.proj.weight, 0)]
+            sa = block.sa
+            qkv = [sa.q.weight, sa.k.weight, sa.v.weight] if sa.split else [sa.qkv.weight]  # rows: the same
+            matrices += [(w, 1) for w in qkv] + [(sa.proj.weight, 0), (block.ffwd.fc.weight, 1),
+                                                 (block.ffwd.proj.weight, 0)]
         for weight, dim in matrices:
             weight.copy_(F.normalize(weight.float(), dim=dim).to(weight.dtype))
 
@@ -483,7 +830,10 @@ class GPT(nn.Module):
         if start + T > self.config.block_size:
             raise ValueError(f"sequence length {start + T} exceeds block_size {self.config.block_size}")
         x = self.embed(idx, start)  # (B, T, C)
+        x0 = x  # the embedding output, which residual_lambdas mix back in before every block
         for layer, block in enumerate(self.blocks):
+            if self.resid_lambdas is not None:
+                x = self.resid_lambdas[layer] * x + self.x0_lambdas[layer] * x0  # (B, T, C)
             x = block(x, cache, layer)  # (B, T, C)
         if cache is not None:
             cache.length += T
@@ -498,7 +848,7 @@ class GPT(nn.Module):
             return False
         was_training = self.training
         self.eval()
-        x = self.embed(idx)  # (B, T, C)
+        x = self.embed(idx)  # (B, T, C); residual_lambdas start at 1 and 0, so leaving them out changes nothing
         omega = 1.0  # the code's running ratio starts at 1
         for block in self.blocks:
             x, omega = block.placement.profile(block, x, omega)
@@ -507,11 +857,14 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
         """idx, targets: (B, T) token ids. Returns logits (B, T, V) and the mean
-        cross-entropy loss (a scalar; None without targets); ``cache`` as in ``hidden``."""
+        cross-entropy loss (a scalar; None without targets); ``cache`` as in ``hidden``. With
+        logit_softcap the logits are cap * tanh(logits / cap), in float32 (``soft_cap``)."""
         x = self.hidden(idx, cache)  # (B, T, C)
         logits = self.lm_head(x)  # (B, T, V)
         if self.logit_scale is not None:  # nGPT's s_z
             logits = logits * self.logit_scale.value().to(logits.dtype)
+        if self.config.logit_softcap:
+            logits = soft_cap(logits, self.config.logit_softcap)  # (B, T, V), float32, within +-cap
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
@@ -524,7 +877,13 @@ class GPT(nn.Module):
         position, so nothing cached survives a slide. The window therefore slides in jumps
         of block_size // 8: it keeps between 7/8 and all of block_size tokens, and the KV
         cache is rebuilt once per jump instead of once per token. Sampling with and without
-        the cache follows this same rule, so both give the same tokens."""
+        the cache follows this same rule, so both give the same tokens.
+
+        With pos rope only relative positions matter, so a window may start anywhere: its tokens
+        are rotated from position 0 again, with or without the cache. The same jumps are kept
+        anyway: sliding by one would need a cache rebuilt every token (or a rolling cache whose
+        keys sit at absolute angles beyond block_size, rounded differently from a fresh
+        window's, so cached and uncached samples could part on a near-tie)."""
         block, jump = self.config.block_size, max(1, self.config.block_size // 8)
         if length <= block:
             return 0
@@ -589,6 +948,7 @@ class GPT(nn.Module):
         # parameter would otherwise be decayed without anyone noticing.
         expected = {id(p) for m in self.modules() if isinstance(m, Norm) for p in m.parameters()}
         expected |= {id(self.emb_scale)} if isinstance(self.emb_scale, nn.Parameter) else set()
+        expected |= {id(p) for p in (self.resid_lambdas, self.x0_lambdas) if p is not None}
         # ReZero's and SkipInit's alpha, LayerScale's lambda, Admin's omega, QK-norm's learned scales
         expected |= {id(m.weight) for m in self.modules() if isinstance(m, (Gate, QKScale, Scale))}
         expected |= {id(m.bias) for m in self.modules() if isinstance(m, nn.Linear) and m.bias is not None}

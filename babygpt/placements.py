@@ -15,7 +15,9 @@ dropped vector and undo that, so it never comes before a norm on the same branch
 
 To add a placement: a subclass here with its diagram, one line in ``PLACEMENTS``, and its formula
 in tests/test_model.py's ``test_block_residual_paths``; the placement x norm grid of the tests
-picks it up.
+picks it up. What the rest of the model needs to know about a placement is declared on its class
+(``final_norm``, ``normalizes_qkv``, ``on_sphere``, ``uses_norm_type``, ``profiles``), never read
+from its name.
 """
 
 from __future__ import annotations
@@ -226,6 +228,12 @@ class Admin(PostLN):
     training mode (dropout on) on the first training batch and then exits; here it profiles in
     eval mode on a batch of its own, so the run's data order and dropout masks are unchanged.
     Until profiled, ω = 1 and the block is plain Post-LN.
+
+    The variances: the code takes ``np.var``, the *biased* variance (divided by N, the tensor's
+    element count); ``profile`` takes ``torch.var``, the unbiased one (divided by N - 1). Kept, and
+    documented rather than changed, so that the committed Admin results stay reproducible bit for
+    bit: over a profiling batch of N = B * T * C elements (tens of thousands and more) the two differ
+    by a factor N / (N - 1), a relative 1/N in ω², far below anything a run can measure.
     """
 
     name = "admin"
@@ -371,6 +379,63 @@ class HybridNormFirst(HybridNorm):
         return x + block.drop(block.ffwd(block.ln2(x)))
 
 
+class PrePost(Placement):
+    """Pre + post-main norm: each sublayer reads a normalized stream, as under Pre-LN, and the stream
+    is normalized again after the add, as under Post-LN, ``x ← norm(x + f(norm(x)))``. This is
+    x-transformers' ``pre_and_post_norm`` (lucidrains/x-transformers, x_transformers.py
+    ``AttentionLayers``: ``pre_branch_norm`` and ``post_main_norm`` per sublayer, and
+    ``pre_norm_has_final_norm = False``; its comment credits it to the Keel paper and to looped /
+    recurrent-depth language models). ``ln1`` and ``ln2`` are the pre norms, ``ln1_post`` and
+    ``ln2_post`` the post-main norms (four norms per block, as Sandwich-LN, but on the stream, not
+    on the sublayer's output). The last block's ``ln2_post`` already normalizes what reaches the
+    head, so ``ln_f`` is off by default, as in x-transformers. The dropout comes before the add::
+
+        x ──┬────────────────────────────► (+) ─► ln1_post ──┬─────────────────────────────► (+) ─► ln2_post ──►
+            └─► ln1 ─► sa ─► drop ─────────┘                  └─► ln2 ─► ffwd ─► drop ───────┘
+
+    Not LayerNorm-Scaling's ``NORM_TYPE=pre_post`` (lmsdss/LayerNorm-Scaling
+    peft_pretraining/modeling_llama.py), which despite its name is a depth mix: its first 7 layers
+    are Pre-LN and the rest Post-LN (Mix-LN the other way round), no layer has both norms.
+    """
+
+    name = "prepost"
+    final_norm = False
+
+    def build(self, block, cfg, index):
+        block.ln1_post = make_norm(cfg, cfg.n_embd)
+        block.ln2_post = make_norm(cfg, cfg.n_embd)
+
+    def forward(self, block, x, cache, layer):
+        x = block.ln1_post(x + block.drop(block.sa(block.ln1(x), cache, layer)))
+        return block.ln2_post(x + block.drop(block.ffwd(block.ln2(x))))
+
+
+class Parallel(Placement):
+    """Parallel residual (GPT-J, Wang & Komatsuzaki 2021, mesh-transformer-jax; GPT-NeoX-20B, Black et
+    al. 2022, arXiv:2204.06745; PaLM): attention and the MLP read the same stream and both write into
+    it in one add, ``x ← x + sa(ln1(x)) + ffwd(ln2(x))``, so the two sublayers can run at once.
+    Each has its own pre norm, as in GPT-NeoX (EleutherAI/gpt-neox megatron/model/transformer.py
+    ``ParallelTransformerLayer`` with ``gpt_j_residual: true`` and ``gpt_j_tied: false``, its default
+    and what NeoX-20B and Pythia were trained with) and litgpt (Lightning-AI/litgpt litgpt/model.py
+    ``Block`` with ``parallel_residual=True``, ``shared_attention_norm=False``). GPT-J itself, PaLM
+    and the tied options (``gpt_j_tied: true``; litgpt's ``shared_attention_norm=True``, Falcon-7B)
+    use one norm for both; this placement keeps two, so that every block has the same norms as under
+    Pre-LN and the grid compares wiring only (NeoX's comment calls the untied pair a bug kept for
+    compatibility; it costs d, or 2d with a bias, parameters per block). The stream is never
+    normalized, so ``ln_f`` is on::
+
+        x ──┬──────────────────────────────────► (+) ──►
+            ├─► ln1 ─► sa ─► drop ───────────────┤
+            └─► ln2 ─► ffwd ─► drop ─────────────┘
+    """
+
+    name = "parallel"
+
+    def forward(self, block, x, cache, layer):
+        attn = block.drop(block.sa(block.ln1(x), cache, layer))
+        return x + attn + block.drop(block.ffwd(block.ln2(x)))
+
+
 def sphere(x: torch.Tensor) -> torch.Tensor:
     """x / ||x|| over the last dimension (nGPT's Norm; the code's ``justnorm`` has no eps, F.normalize
     keeps 1e-12 against an exactly zero vector)."""
@@ -425,5 +490,5 @@ class NGPT(Placement):
 # The registry: norm_placement's choices, in the order the docs list them.
 PLACEMENTS: dict[str, Placement] = {p.name: p for p in (
     PreLN(), PostLN(), Sandwich(), DeepNorm(), MixLN(), OutputNorm(), HybridNorm(), HybridNormStar(), Admin(),
-    NGPT())}
+    NGPT(), PrePost(), Parallel())}
 HYBRID_FIRST = HybridNormFirst()  # not a choice of its own: HybridNorm*'s block 0

@@ -1,5 +1,5 @@
 """The training loop: warmup + cosine schedule, evals, metrics, checkpoints, around the optimizer
-step of update.py (AdamW, clipping, the loss scaler).
+step of update.py (AdamW or Muon with AdamW as optim.py routes them, clipping, the loss scaler).
 
 Reading order: ``lr_at`` and ``estimate_loss``, then ``Trainer``: ``__init__`` builds the run in
 memory, ``train`` -> ``_loop`` -> ``step`` trains (update.OptimizerStep), ``_evaluate_and_checkpoint``
@@ -31,6 +31,7 @@ from .data import BatchSampler, CharTokenizer, load_dataset, tune_and_test
 from .diagnostics import NO_HOOK, LayerDiagnostics, StepHook
 from .model import GPT, GPTConfig
 from .ngram import data_floors, is_collapsed, scheme_floors
+from .optim import build_optimizer
 from .rundir import RunDir, owned, run_record
 from .runtime import (autocast, check_dtype, dtype_note, machine, resolve_device, use_deterministic_kernels,
                       uses_grad_scaler)
@@ -85,7 +86,7 @@ def estimate_loss(model: nn.Module, splits: dict, cfg: TrainConfig, device: torc
 def full_split_loss(model: nn.Module, data: np.ndarray, cfg: TrainConfig, device: torch.device,
                     dist: distributed.Dist = distributed.Dist()) -> tuple[float, int]:
     """(mean loss, targets) over *every* target of ``data``: consecutive, non-overlapping
-    block_size windows (the last one shorter), batch_size windows at a time, dropout off. Unlike
+    block_size windows (the last one shorter), eval_batch windows at a time, dropout off. Unlike
     estimate_loss it samples nothing, so it is the number to compare runs by. Under torchrun the
     batches are shared out among the ranks and the sums added up."""
     was_training = model.training
@@ -94,7 +95,8 @@ def full_split_loss(model: nn.Module, data: np.ndarray, cfg: TrainConfig, device
     ids = torch.from_numpy(data.astype(np.int64))
     n = (len(ids) - 1) // T  # full windows
     x, y = ids[:n * T].view(n, T), ids[1:n * T + 1].view(n, T)  # (n, T) each
-    batches = [(x[i:i + cfg.batch_size], y[i:i + cfg.batch_size]) for i in range(0, n, cfg.batch_size)]
+    b = eval_batch(cfg)
+    batches = [(x[i:i + b], y[i:i + b]) for i in range(0, n, b)]
     if len(ids) - 1 > n * T:  # the rest: one shorter window
         batches.append((ids[n * T:-1].view(1, -1), ids[n * T + 1:].view(1, -1)))
     total = torch.zeros(2, dtype=torch.float64, device=device)  # (summed token losses, targets) on this rank
@@ -106,6 +108,17 @@ def full_split_loss(model: nn.Module, data: np.ndarray, cfg: TrainConfig, device
     total = dist.sum(total)
     model.train(was_training)
     return (total[0] / total[1]).item(), int(total[1].item())
+
+
+EVAL_TOKENS = 1024  # the fewest tokens an evaluation forward reads
+
+
+def eval_batch(cfg: TrainConfig) -> int:
+    """Windows per forward when scoring a whole split: batch_size, or more where batch_size windows
+    hold fewer than EVAL_TOKENS tokens. A tiny model's forward costs mostly its fixed overhead, so
+    the quick tiers would spend most of their time scoring a split 128 tokens at a time; every
+    budget of the committed tables reads at least EVAL_TOKENS a forward and keeps its batches."""
+    return max(cfg.batch_size, -(-EVAL_TOKENS // cfg.model.block_size))
 
 
 def eval_stride(block_size: int) -> int:
@@ -159,7 +172,7 @@ def sliding_split_loss(model: nn.Module, data: np.ndarray, cfg: TrainConfig, dev
     ids = torch.from_numpy(data.astype(np.int64))
     windows = sliding_windows(len(ids), T, eval_stride(T) if stride is None else stride)
     total = torch.zeros(2, dtype=torch.float64, device=device)  # (summed token losses, targets) on this rank
-    for k, (xb, yb, first) in enumerate(window_batches(ids, windows, T, cfg.batch_size)):
+    for k, (xb, yb, first) in enumerate(window_batches(ids, windows, T, eval_batch(cfg))):
         if k % dist.world_size == dist.rank:
             with autocast(device, cfg.dtype):
                 logits = model(xb.to(device), yb.to(device))[0]  # (b, t, V); its mean loss is not the one wanted
@@ -371,9 +384,9 @@ class Trainer:
         self.model = seeded_model(self.model_cfg, cfg.seed, self.device, self.dist)
         if cfg.init_from == "scratch":  # a resume restores what profiling set
             profile_init(self.model, self.splits["train"], cfg, self.device)
-        self.optimizer = self.model.configure_optimizers(
-            cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), fused=self.device.type == "cuda",
-            eps=cfg.adam_eps)
+        self.optimizer = build_optimizer(self.model, cfg, fused=self.device.type == "cuda")
+        if cfg.qk_clip_tau > 0:  # QK-Clip reads each head's largest logit of the step's training forwards
+            self.model.track_max_logits(True)
         # Loss scaling is needed only for float16 (its narrow exponent range underflows small gradients).
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=uses_grad_scaler(cfg.dtype))
         # net: what forward passes go through; the step's train_net adds DDP's gradient averaging.
@@ -427,7 +440,7 @@ class Trainer:
         self.run_dir.check(cfg.init_from)  # before anything is written, and under the lock
         if cfg.init_from == "resume":
             resume_training_state(self.run_dir.ckpt, self.model_cfg, self.tok.chars, self.model, self.optimizer,
-                                  self.scaler, self.state, self.dist)
+                                  self.scaler, self.state, self.dist, cfg.optimizer)
             if self.state.iter >= cfg.max_iters:  # e.g. killed after its last checkpoint: it is complete
                 return self._complete()
         resumed_at = self.state.iter if cfg.init_from == "resume" else None
@@ -506,6 +519,8 @@ class Trainer:
                 if state.iter % cfg.log_interval and not is_eval:
                     continue
                 row = window.row(self.dist, state, lr)
+                if cfg.qk_clip_tau > 0:  # the sync is the row's, already made
+                    row["qk_clipped_heads"] = int(self._step.clipped_heads.item())
                 if cfg.nonfinite == "stop" and state.first_nonfinite is not None:
                     self.run_dir.log({**row, "diverged_at": state.first_nonfinite}, sync=True)
                     return "diverged", None  # ckpt.pt and best.pt still hold the last good state

@@ -186,8 +186,10 @@ def test_ablation_configs_only_set_norm_keys_and_out_dir():
     Xavier init; nGPT's training without weight decay or warmup)."""
     allowed = {"norm_type", "norm_placement", "final_norm", "out_dir", "qk_norm", "qk_scale", "dyt_alpha_init",
                "dyt_alpha_init_attn", "emb_scale_learnable", "emb_norm", "bias", "mixln_alpha", "ln_scaling",
-               "residual_gate", "layerscale_init"}
-    recipe = {"admin_ln.py": {"init"}, "ngpt.py": {"weight_decay", "warmup_iters"}}
+               "residual_gate", "layerscale_init", "derf_alpha_init", "derf_shift_init", "norm_gain_offset",
+               "qk_norm_scope"}
+    recipe = {"admin_ln.py": {"init"}, "ngpt.py": {"weight_decay", "warmup_iters"},
+              "olmo2_rms.py": {"norm_eps", "z_loss", "init", "init_depth_factor"}}
     from babygpt.config import read_config_file
     for name in shipped_configs():
         if name.startswith(("prenorm_", "postnorm_", "sandwich_", "deepnorm_", "periln_", "mixln_", "olmo2_",

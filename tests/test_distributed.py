@@ -18,6 +18,7 @@ from babygpt.config import load_config
 from babygpt.data import BatchSampler, load_dataset
 from babygpt.distributed import Dist
 from babygpt.model import GPT
+from babygpt.optim import build_optimizer
 from babygpt.state import COMPLETED
 from babygpt.trainer import lr_at
 from conftest import ROOT, TINY_TRAIN_ARGS, assert_refused_in_process, prepare_small_data
@@ -48,28 +49,50 @@ def ddp_run(tmp_path_factory):
     return {"tmp": tmp, "data_dir": data_dir, "out": out, "proc": proc}
 
 
-def reference_losses(data_dir):
-    """One process, batch 2B: rank 0's batch followed by rank 1's, the same schedule and clipping."""
-    cfg = load_config([*ARGS, f"--data_dir={data_dir}", f"--max_iters={ITERS}"])
+def reference_losses(data_dir, *extra, as_ranks=False):
+    """One process, batch 2B: rank 0's batch followed by rank 1's, the same schedule, clipping,
+    optimizer (``extra`` arguments, e.g. --optimizer=muon) and QK-Clip (whose maxima over the 2B batch
+    are the maxima over the two ranks). ``as_ranks``: each rank's batch goes through forward and backward
+    on its own, and the gradient is their average as DDP forms it (each halved, then summed), so the
+    step sees the very bits the ranks' step sees."""
+    cfg = load_config([*ARGS, f"--data_dir={data_dir}", f"--max_iters={ITERS}", *extra])
     train_data, _, tok = load_dataset(data_dir)
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model_config(tok.vocab_size))
-    opt = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2))
+    opt = build_optimizer(model, cfg)  # optimizer adamw: GPT.configure_optimizers' AdamW
+    if cfg.qk_clip_tau:
+        model.track_max_logits(True)
     samplers = [BatchSampler(train_data, cfg.model.block_size, cfg.batch_size, Dist(r, r, 2).train_seed(cfg.seed))
                 for r in range(2)]
     losses = []
     for it in range(ITERS):
         for group in opt.param_groups:
-            group["lr"] = lr_at(it, cfg)
+            group["lr"] = lr_at(it, cfg) * group["lr_scale"]
         batches = [s.next_batch() for s in samplers]
-        x, y = (torch.cat(parts) for parts in zip(*batches))  # (2B, T)
-        loss = model(x, y)[1]
-        loss.backward()
+        losses.append(rank_averaged_backward(model, batches) if as_ranks else whole_batch_backward(model, batches))
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
+        if cfg.qk_clip_tau:
+            model.qk_clip(cfg.qk_clip_tau)
         opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
     return losses, model.state_dict()
+
+
+def whole_batch_backward(model, batches) -> float:
+    """Forward and backward of the ranks' batches as one batch of 2B; its loss."""
+    x, y = (torch.cat(parts) for parts in zip(*batches))  # (2B, T)
+    loss = model(x, y)[1]
+    loss.backward()
+    return loss.item()
+
+
+def rank_averaged_backward(model, batches) -> float:
+    """Forward and backward of each rank's batch (B, T) on its own, gradients halved and summed as DDP
+    averages them; the mean of the two losses, as the run logs it."""
+    losses = [model(x, y)[1] for x, y in batches]
+    for loss in losses:
+        (loss / len(batches)).backward()
+    return (sum(losses) / len(losses)).item()
 
 
 def test_two_ranks_equal_one_process_with_twice_the_batch(ddp_run):
@@ -158,3 +181,41 @@ def test_nan_on_one_rank_stops_every_rank_at_the_same_iteration(ddp_run, tmp_pat
     assert {s["iter"] for s in ranks["summaries"]} == {6}  # log_interval 1: stopped at once, together
     assert {s["diverged_at"] for s in ranks["summaries"]} == {6}
     assert json.load(open(out / "summary.json"))["status"] == "diverged"
+
+
+# ------------------------------------------------------------------ optimizer muon
+
+MUON = ["--optimizer=muon", "--qk_clip_tau=0.01"]  # a tau the initial logits pass: QK-Clip acts too
+
+
+@pytest.fixture(scope="module")
+def muon_run(ddp_run):
+    """The same 2-rank run under optimizer muon with QK-Clip (maxima all-reduced across the ranks)."""
+    out = ddp_run["tmp"] / "muon"
+    proc = torchrun("tests/ddp_worker.py", *ARGS, *MUON, f"--data_dir={ddp_run['data_dir']}", f"--out_dir={out}",
+                    f"--max_iters={ITERS}", cwd=ddp_run["tmp"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {**ddp_run, "out": out, "proc": proc}
+
+
+def test_muon_ranks_stay_identical(muon_run):
+    """DDP averages the gradients before the step, so every rank runs the same Muon step; QK-Clip
+    clips the same heads on every rank, by the maxima over all of them."""
+    ranks = json.load(open(muon_run["out"] / "ranks.json"))
+    assert ranks["status"] in COMPLETED and ranks["max_abs_diff"] == 0.0
+    rows = [json.loads(line) for line in open(muon_run["out"] / "metrics.jsonl")]
+    assert rows[1]["qk_clipped_heads"] > 0
+
+
+def test_muon_two_ranks_equal_one_process_averaging_the_two_gradients(muon_run):
+    """Bit for bit: Newton-Schulz runs in bfloat16, where a gradient summed in another order (one batch of
+    2B instead of two of B) rounds apart and the difference grows step by step, so the reference forms
+    the gradient exactly as DDP does."""
+    rows = [json.loads(line) for line in open(muon_run["out"] / "metrics.jsonl")]
+    logged = [r["loss"] for r in rows if r["iter"] > 0]
+    ref_losses, ref_state = reference_losses(muon_run["data_dir"], *MUON, as_ranks=True)
+    assert len(logged) == ITERS
+    assert_close(torch.tensor(logged), torch.tensor(ref_losses), rtol=1e-6, atol=1e-6)
+    ddp_state = load_checkpoint(str(muon_run["out"] / "ckpt.pt"))["model"]
+    for name, ref in ref_state.items():
+        assert torch.equal(ddp_state[name], ref), name

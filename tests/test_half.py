@@ -71,11 +71,14 @@ def test_float16_on_cpu_trains_with_a_grad_scaler_that_skips_an_inf_step(data_di
     assert any(not torch.equal(old, new) for old, new in zip(before, params(trainer.model)))  # and training goes on
 
 
-def test_float16_resume_on_cpu_is_bit_identical(data_dir, tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_float16_resume_on_cpu_is_bit_identical(data_dir, tmp_path, optimizer):
     """2N steps in one go == N steps, then a resume to 2N: the injected skip in the first half halves
-    the loss scale, which the resume must restore from the checkpoint to take the same steps."""
+    the loss scale, which the resume must restore from the checkpoint to take the same steps (under
+    muon the scaler unscales and skips Muon and AdamW together, through optim.MuonWithAdamW)."""
     n = 8
-    common = [*FP16, f"--data_dir={data_dir}", f"--eval_interval={n}", f"--lr_decay_iters={2 * n}"]
+    common = [*FP16, f"--data_dir={data_dir}", f"--eval_interval={n}", f"--lr_decay_iters={2 * n}",
+              f"--optimizer={optimizer}"]
     full = Trainer(load_config([*common, f"--out_dir={tmp_path / 'full'}", f"--max_iters={2 * n}"]),
                    wrap_model=lambda m: InfGradAt(m, 3)).train()
     Trainer(load_config([*common, f"--out_dir={tmp_path / 'half'}", f"--max_iters={n}"]),

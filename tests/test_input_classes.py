@@ -336,7 +336,8 @@ def config_with(key: str, value):
 def test_every_float_key_is_found():
     assert set(FLOAT_KEYS) == {"learning_rate", "weight_decay", "beta1", "beta2", "adam_eps", "z_loss", "grad_clip",
                                "min_lr", "dropout", "norm_eps", "dyt_alpha_init", "dyt_alpha_init_attn", "mixln_alpha",
-                               "layerscale_init"}
+                               "layerscale_init", "derf_alpha_init", "derf_shift_init", "rope_base",
+                               "logit_softcap", "attn_softcap", "muon_lr", "muon_momentum", "qk_clip_tau"}
     assert (FLOAT32_MAX, FLOAT32_TINY) == (torch.finfo(torch.float32).max, torch.finfo(torch.float32).tiny)
 
 
@@ -345,10 +346,15 @@ def test_every_float_key_is_found():
     (float("inf"), "must be a finite number"),
     (float("nan"), "must be a finite number"),
     (1e39, "got 1e+39"),  # inf in float32: refused by the key's own range, or else as not a float32
-    (1e-40, "underflows to 0 in float32"),  # nonzero, but 0 in float32
-    (-1.0, "must be"),  # below every key's range
+    (1e-40, "underflows to 0 in float32"),  # nonzero, but 0 in float32 (or below the key's range)
+    ("below", "must be"),  # one below the key's lowest value
 ])
 def test_every_float_key_must_be_finite_in_range_and_a_float32(key, value, fragment):
+    valid = FIELDS[key].valid
+    if value == "below":
+        value = valid.low - 1
+    elif value == 1e-40 and not valid.contains(value):  # e.g. rope_base > 1: its own range refuses it first
+        fragment = "must be"
     with pytest.raises(BabyGPTError, match=key) as err:
         config_with(key, value)
     assert fragment in str(err.value)

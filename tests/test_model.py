@@ -56,9 +56,11 @@ def test_overfits_one_batch(placement, norm):
     # Post-LN with DyT and no final norm: tanh(0.5 x) ~ 0.5 x halves the small stream at each of the
     # 2 * n_layer norms, so the logits start tiny and 60 steps are not enough at the default alpha;
     # the same holds for Admin (Post-LN) and HybridNorm (whose FFN is Post-Norm and whose q, k, v pass
-    # through DyTs too).
-    alpha = 1.0 if norm == "dyt" and placement in ("post", "admin", "hybrid") else 0.5
-    cfg = tiny_config(norm_placement=placement, norm_type=norm, dyt_alpha_init=alpha)
+    # through DyTs too). Derf (erf(0.5 x) ~ 0.56 x) and Pre + post-main norm (two norms on the stream per
+    # block) are in the same position.
+    squash = norm_class(NORMS[norm]).squashes
+    alpha = 1.0 if squash and placement in ("post", "admin", "hybrid", "prepost") else 0.5
+    cfg = tiny_config(norm_placement=placement, norm_type=norm, dyt_alpha_init=alpha, derf_alpha_init=alpha)
     model = GPT(cfg)
     opt = model.configure_optimizers(weight_decay=0.0, learning_rate=1e-2)
     x = torch.randint(cfg.vocab_size, (4, cfg.block_size))
@@ -105,7 +107,7 @@ def test_postln_layernorm_block_outputs_are_normalized():
 @pytest.mark.parametrize("placement,expected",
                          [("pre", RMSNorm), ("post", NoNorm), ("sandwich", RMSNorm), ("deepnorm", NoNorm),
                           ("mixln", RMSNorm), ("output", RMSNorm), ("hybrid", RMSNorm), ("hybrid_star", RMSNorm),
-                          ("admin", NoNorm), ("ngpt", NoNorm)])
+                          ("admin", NoNorm), ("ngpt", NoNorm), ("prepost", NoNorm), ("parallel", RMSNorm)])
 
 
 def test_final_norm_auto(placement, expected):
@@ -160,6 +162,11 @@ def test_block_residual_paths(placement):
         x = unit(x)
         h = unit(x + block.alpha_attn.value().abs() * (unit(block.sa(x)) - x))
         expected = unit(h + block.alpha_mlp.value().abs() * (unit(block.ffwd(h)) - h))
+    elif placement == "prepost":  # norm(x + f(norm(x))): a pre and a post-main norm per sublayer
+        h = block.ln1_post(x + block.sa(block.ln1(x)))
+        expected = block.ln2_post(h + block.ffwd(block.ln2(h)))
+    elif placement == "parallel":  # both sublayers read x, one add
+        expected = x + block.sa(block.ln1(x)) + block.ffwd(block.ln2(x))
     elif placement == "admin":  # omega: a vector per sublayer (random here, like the gains)
         h = block.ln1(block.omega_attn.weight * x + block.sa(x))
         expected = block.ln2(block.omega_ffwd.weight * h + block.ffwd(h))
@@ -227,6 +234,13 @@ def test_residual_dropout_acts_on_what_each_branch_writes(placement):
     elif kind == "hybrid":  # the FFN adds to the normalized stream
         assert_close(seen["ln2"][0][0], x + d1_out)
         assert_close(out, seen["ln2"][0][1] + d2_out)
+    elif kind == "prepost":  # the post-main norms sit after each add
+        h = block.ln1_post(x + d1_out)
+        assert_close(seen["ln2"][0][0], h)
+        assert_close(out, block.ln2_post(h + d2_out))
+    elif kind == "parallel":  # both branches read x and are added at once
+        assert_close(seen["ln2"][0][0], x)
+        assert_close(out, x + d1_out + d2_out)
     elif kind == "admin":
         ln1_in, h = seen["ln1"][0]
         assert_close(ln1_in, block.omega_attn.weight * x + d1_out)

@@ -100,11 +100,14 @@ def wait_for_run_start(out_dir, proc, resumes, timeout=60):
 
 # ------------------------------------------------------------------ exact resume
 
-def test_resume_is_bit_identical(data_dir, tmp_path):
-    """2N iterations in one go == N iterations, then a resume to 2N (losses compared with ==)."""
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resume_is_bit_identical(data_dir, tmp_path, optimizer):
+    """2N iterations in one go == N iterations, then a resume to 2N (losses compared with ==); under
+    muon the checkpoint carries Muon's momentum buffers and AdamW's moments (optim.MuonWithAdamW)."""
     n = 12
     common = [f"--data_dir={data_dir}", *TINY_TRAIN_ARGS, "--log_interval=1", f"--eval_interval={n}",
-              "--dropout=0.1", f"--lr_decay_iters={2 * n}"]  # dropout: the torch RNG state must resume too
+              "--dropout=0.1", f"--lr_decay_iters={2 * n}",  # dropout: the torch RNG state must resume too
+              f"--optimizer={optimizer}"]
     train(load_config([*common, f"--out_dir={tmp_path / 'full'}", f"--max_iters={2 * n}"]))
     train(load_config([*common, f"--out_dir={tmp_path / 'half'}", f"--max_iters={n}"]))
     train(load_config([*common, f"--out_dir={tmp_path / 'half'}", f"--max_iters={2 * n}",

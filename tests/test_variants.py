@@ -327,6 +327,8 @@ def test_variant_keys_reach_the_model_config():
     ("sandwich_rms", "sandwich", "rmsnorm", False), ("deepnorm_ln", "deepnorm", "layernorm", False),
     ("prenorm_rms_qknorm", "pre", "rmsnorm", True), ("mixln_rms", "mixln", "rmsnorm", False),
     ("prenorm_rms_lns", "pre", "rmsnorm", False), ("olmo2_rms", "output", "rmsnorm", True),
+    ("prenorm_derf", "pre", "derf", False), ("prepost_rms", "prepost", "rmsnorm", False),
+    ("parallel_rms", "parallel", "rmsnorm", False),
 ])
 def test_variant_config_files_build_their_model(name, placement, norm, qk):
     path = os.path.join(ROOT, "config", f"{name}.py")
