@@ -142,10 +142,22 @@ class TrainConfig(Checked):
             problems.append(f"norm_placement {self.model.norm_placement} puts its matrices back on the unit sphere "
                             f"after every step: Muon's orthogonalized update, sized by the matrix's shape, would "
                             f"be partly projected away, and nGPT's learning rates are AdamW's; set optimizer adamw")
+        problems += self.unused_muon_keys()
         refusal = self.model.qk_clip_refusal() if self.qk_clip_tau > 0 else None
         if refusal is not None:
             problems.append(f"qk_clip_tau {self.qk_clip_tau:g}: {refusal}")
         return problems
+
+    def unused_muon_keys(self) -> list[str]:
+        """muon_lr, muon_momentum and muon_adjust_lr set away from their defaults under adamw: they would
+        change nothing, so a run would not be the ablation it claims to be (as rope_base under pos learned)."""
+        if self.optimizer == "muon":
+            return []
+        defaults = TrainConfig.__dataclass_fields__
+        changed = [f"{name} {getattr(self, name)!r}" for name in ("muon_lr", "muon_momentum", "muon_adjust_lr")
+                   if getattr(self, name) != defaults[name].default]
+        return [f"{', '.join(changed)}: the muon_* keys apply to optimizer muon only, got optimizer "
+                f"{self.optimizer}; set optimizer muon or leave them out"] if changed else []
 
     def float_pair_problems(self) -> list[str]:
         """The rules between float keys, each of which is already in its own range."""

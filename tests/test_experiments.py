@@ -180,6 +180,7 @@ def test_plot_cli_and_divergence_marker(small_sweep, tmp_path, capsys):
     ("exp9_fp16_overflow", ["--data_dir={data}", "--jobs=2"], ["fp16_overflow.png", "results.csv", "report.md"]),
     ("exp10_depth", ["--data_dir={data}", "--jobs=2"], ["depth.png", "results.csv", "report.md"]),
     ("exp11_regime", ["--data_dir={data}", "--jobs=2"], ["frontier.png", "results.csv", "report.md"]),
+    ("exp13_stack_speed", ["--data_dir={data}"], ["stack_speed.png", "stack_speed.csv", "sampling.csv", "report.md"]),
 ])
 def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path, monkeypatch, capsys):
     args = [a.format(data=data_dir) for a in extra]
@@ -197,6 +198,13 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path, monke
         assert (tmp_path / "res" / "amplification.png").stat().st_size > 0
         for key in ("per_layer", "last_layer", "amplification"):
             assert f"<!-- table: {key} -->" in report
+    if script == "exp13_stack_speed":  # every piece timed, both position kinds sampled both ways
+        monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+        import exp13_stack_speed as exp13
+
+        rows = read_csv(tmp_path / "res" / "stack_speed.csv")
+        assert [r["piece"] for r in rows] == list(exp13.PIECES) and all(float(r["tokens_per_s"]) > 0 for r in rows)
+        assert [r["pos"] for r in read_csv(tmp_path / "res" / "sampling.csv")] == ["learned", "rope"]
     if script == "exp7_lr_sensitivity":  # 8 arms x the one LR asked for x 1 width x 1 seed; z-loss, qk_norm and
         # weight decay reach the runs
         rows = read_csv(tmp_path / "res" / "results.csv")

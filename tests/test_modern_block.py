@@ -3,6 +3,7 @@ hand: RoPE, OLMo 2's width QK-norm, relu2 and SwiGLU, split q/k/v, zero-init pro
 residual lambdas, the soft-caps and QK-Clip; and with every switch off, today's model."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from torch.testing import assert_close
 from babygpt.diagnostics import LayerDiagnostics
 from babygpt.errors import BabyGPTError
 from babygpt.model import GPT, GPTConfig, FeedForward, Rotary, ffn_hidden
-from conftest import tiny_config
+from conftest import ROOT, tiny_config
 
 
 def seeded(seed: int = 0, **overrides) -> GPT:
@@ -340,3 +341,17 @@ def test_every_switch_together_builds_and_trains_a_step():
     loss.backward()
     opt.step()
     assert math.isfinite(model(TOKENS, TOKENS)[1].item())
+
+
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_the_stack_speed_experiments_nanogpt_generate_is_this_models_greedy_sampling(pos, monkeypatch):
+    """experiments/exp13_stack_speed.py times nanoGPT's way of generating against the KV cache: within
+    block_size the two must produce the same tokens, or the comparison would be of different work."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp13_stack_speed as exp13
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=65, pos=pos)).eval()
+    idx = torch.zeros(1, 1, dtype=torch.long)
+    with torch.inference_mode():
+        assert torch.equal(exp13.nanogpt_generate(model, idx, 15), model.generate(idx, 15, temperature=0))

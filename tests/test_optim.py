@@ -276,13 +276,18 @@ def test_qk_clip_is_refused_where_a_norm_undoes_it(model):
 def test_muon_lr_times_weight_decay_must_stay_below_one():
     problems = refusal(optimizer="muon", muon_lr=20.0, weight_decay=0.1)
     assert problems == [problems[0]] and "muon_lr x weight_decay" in problems[0] and "lower one" in problems[0]
-    TrainConfig(optimizer="adamw", muon_lr=20.0, weight_decay=0.01)  # unused under adamw: no problem
+    assert "muon_lr x weight_decay" not in " ".join(refusal(optimizer="adamw", muon_lr=20.0, weight_decay=0.1))
 
 
-def test_muon_options_are_unused_under_adamw():
-    """Like every option scoped to a choice (rope_base, mixln_alpha), muon_* are read only under muon."""
-    cfg = TrainConfig(muon_lr=0.5, muon_momentum=0.5, muon_adjust_lr="original")
-    assert cfg.problems() == [] and type(build_optimizer(GPT(tiny_config()), cfg)) is torch.optim.AdamW
+def test_muon_options_set_under_adamw_are_refused_in_one_line():
+    """As rope_base under pos learned: a muon_* key that would change nothing is refused, naming the fix;
+    left at their defaults they are no problem, and adamw builds AdamW alone."""
+    with pytest.raises(BabyGPTError) as e:
+        TrainConfig(muon_lr=0.5, muon_momentum=0.5, muon_adjust_lr="original")
+    (line,) = e.value.problems
+    assert line.startswith("muon_lr 0.5, muon_momentum 0.5, muon_adjust_lr 'original': ") and "set optimizer muon" in line
+    assert TrainConfig(optimizer="muon", muon_lr=0.5).problems() == []
+    assert type(build_optimizer(GPT(tiny_config()), TrainConfig())) is torch.optim.AdamW
 
 
 @pytest.mark.parametrize("saved,asked", [("adamw", "muon"), ("muon", "adamw"), (None, "muon")])
