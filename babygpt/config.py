@@ -61,6 +61,9 @@ class TrainConfig(Checked):
     learning_rate: float = option(5.5e-3, "peak learning rate (AdamW)", valid=Range(
         0, MAX_LR, low_open=True, why=": AdamW moves each weight by about learning_rate per step, and far larger "
                                       "values overflow inside it"))
+    decay_norms: bool = option(
+        False, "weight-decay every norm parameter too (gains, biases, DyT's and Derf's alpha), as DyT's LLaMA "
+               "recipe does; with norm_gain_offset the decay pulls a gain towards 1 instead of 0")
     optimizer: Literal["adamw", "muon"] = option(
         "adamw", "adamw = AdamW for every parameter; muon = torch.optim.Muon for the blocks' 2-D weight matrices "
                  "and AdamW (learning_rate) for embeddings, the LM head and every gain, bias and scalar "

@@ -52,6 +52,7 @@ import torch
 import torch.nn as nn
 
 from .config import TrainConfig
+from .norms import Norm
 
 HIDDEN_PREFIX = "blocks."  # the transformer blocks: GPT.blocks
 
@@ -109,9 +110,22 @@ def adamw_for_all(model: nn.Module, cfg: TrainConfig, fused: bool) -> torch.opti
     """optimizer adamw: GPT.configure_optimizers' AdamW (matrices decayed, the rest not), unchanged."""
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
                                            fused=fused, eps=cfg.adam_eps)
+    if cfg.decay_norms:
+        decay_norm_parameters(optimizer, model)
     for group in optimizer.param_groups:
         group["lr_scale"] = 1.0
     return optimizer
+
+
+def decay_norm_parameters(optimizer: torch.optim.AdamW, model: nn.Module) -> None:
+    """decay_norms: move every Norm's parameters from the not-decayed group (configure_optimizers'
+    second) to the decayed one. DyT's LLaMA recipe (Zhu et al. 2025, jiachenzhu/DyT other_tasks/LLaMA)
+    runs AdamW with weight decay over all parameters; Gemma's unit-offset gains (norm_gain_offset) are
+    what makes decaying a gain pull it towards 1 rather than 0."""
+    norm_ids = {id(p) for m in model.modules() if isinstance(m, Norm) for p in m.parameters(recurse=False)}
+    decay, no_decay = optimizer.param_groups
+    decay["params"] += [p for p in no_decay["params"] if id(p) in norm_ids]
+    no_decay["params"] = [p for p in no_decay["params"] if id(p) not in norm_ids]
 
 
 def muon_with_adamw(model: nn.Module, cfg: TrainConfig, fused: bool) -> MuonWithAdamW:

@@ -903,3 +903,38 @@ def test_full_tier_search_starts_around_the_default_tiers_lr_from_the_first_reco
     assert record == {"tuned": {"x": 1e-3, "y": None, "z": 3e-3}, "second": {"x": 3e-3}}
     with pytest.raises(BabyGPTError, match="has no tuned LR for w"):
         exp2.read_record([str(tmp_path / "a")], ["x", "w"])
+
+
+def test_exp14_reads_each_arms_runs_picks_the_lr_on_the_tune_loss_and_reads_the_test_loss_against_its_floor(
+        tmp_path, monkeypatch, capsys):
+    """Experiment 14 trains nothing: from sweeps laid out as its README's commands make them, the tuned LR
+    is the lowest mean tune loss over both seeds (an LR with one finished seed cannot be chosen), and each
+    run is below its floor when its test loss is below the strongest floor of its own test targets."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp14_five_minutes as exp14
+
+    floors = {"unigram": 3.3, "kn8": 1.58, "mkn9": 1.55}
+    runs = {  # sweep dir -> [(lr, seed, tune, test)]
+        "modern_rms": [(0.01, 0, 1.64, 1.72), (0.01, 1, 1.66, 1.73), (0.02, 0, 1.60, 1.54), (0.02, 1, 1.61, 1.56),
+                       (0.04, 0, 1.50, 1.50)],  # 0.04: one seed only
+        "modern_rms_adamw_lr3e-3": [(3e-3, 0, 1.70, 1.75), (3e-3, 1, 1.71, 1.76)],
+    }
+    for sweep, rows in runs.items():
+        key = "muon_lr" if sweep == "modern_rms" else "learning_rate"
+        for lr, seed, tune, test in rows:
+            run = tmp_path / sweep / "runs" / f"{sweep}__{key}={lr}__seed={seed}"
+            run.mkdir(parents=True)
+            (run / "config.json").write_text(json.dumps({key: lr, "seed": seed}))
+            (run / "summary.json").write_text(json.dumps({"status": "finished", "iter": 300, "tune_loss": tune,
+                                                          "test_loss": test, "references_test": floors}))
+    timings = tmp_path / "timings.csv"
+    timings.write_text("piece,ms_per_iter\ndefault,180\nmodern_rms.py,1000\nmodern_rms_adamw.py,200\n")
+    assert exp14.main([f"--root={tmp_path}", f"--timings={timings}"]) == 0
+    rows = read_csv(tmp_path / "results.csv")
+    tuned = {(r["arm"], float(r["lr"])) for r in rows if r["tuned"] == "True"}
+    assert tuned == {("modern_rms (Muon)", 0.02), ("modern_rms_adamw", 3e-3)}
+    below = {(float(r["lr"]), r["seed"]) for r in rows if r["below_floor"] == "True"}
+    assert below == {(0.02, "0"), (0.04, "0")}
+    report = (tmp_path / "report.md").read_text()
+    assert "2 of 7 runs end below" in report and "at the tuned LRs, 1 of 4" in report
+    assert "300 steps in 300 s" in report  # the Muon arm's budget: 300 s / 1,000 ms

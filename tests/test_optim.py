@@ -312,3 +312,28 @@ def test_muon_with_adamw_step_takes_no_closure():
     opt = build_optimizer(GPT(tiny_config()), MUON)
     with pytest.raises(ValueError):
         opt.step(lambda: 0.0)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_decay_norms_decays_every_norm_parameter_and_an_offset_gain_moves_towards_one(optimizer):
+    """decay_norms moves the norms' parameters (and only those) into the decayed AdamW group; with
+    norm_gain_offset a step with zero gradients then shrinks w, so gamma = 1 + w moves towards 1."""
+    from babygpt.norms import Norm
+
+    cfg = TrainConfig(optimizer=optimizer, decay_norms=True, weight_decay=0.5, learning_rate=0.1, min_lr=0.01)
+    model = GPT(tiny_config(norm_type="layernorm", norm_gain_offset=True, split_qkv=optimizer == "muon"))
+    opt = build_optimizer(model, cfg)
+    adamw = opt if optimizer == "adamw" else opt.adamw
+    decay, no_decay = ({id(p) for p in g["params"]} for g in adamw.param_groups)
+    norms = {id(p) for m in model.modules() if isinstance(m, Norm) for p in m.parameters(recurse=False)}
+    assert norms and norms <= decay and not norms & no_decay
+    plain = build_optimizer(model, TrainConfig(optimizer=optimizer))
+    plain_adamw = plain if optimizer == "adamw" else plain.adamw
+    assert {id(p) for p in plain_adamw.param_groups[0]["params"]} == decay - norms
+    gain = model.ln_f.weight
+    with torch.no_grad():
+        gain.fill_(0.5)  # gamma = 1.5
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    assert_close(gain, torch.full_like(gain, 0.5 * (1 - 0.1 * 0.5)))  # decoupled decay: w (1 - lr wd)

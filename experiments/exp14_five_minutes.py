@@ -1,0 +1,125 @@
+"""Experiment 14: below the n-gram floor in five CPU minutes? The modern config (config/modern_rms.py:
+RoPE, SwiGLU, QK-norm, zero-initialised projections, Muon), its AdamW twin and the default
+(config/prenorm_rms.py), each trained for the iterations its training steps take in 5 minutes at
+2 threads, its LR tuned on seeds 0 and 1 at that budget, and each run's test loss (the sliding-window
+loss of the validation split's second half, trainer.final_evaluation) read against the strongest
+count-based model scored on exactly those targets with the same context (references_test).
+
+The runs are sweeps of experiments/sweep.py, one directory per arm and LR under --root (default
+results/modern_5min), made by the commands in its README.md; the budgets come from the training
+ms/iter of experiments/exp13_stack_speed.py at 2 threads on the same machine (--timings). This script
+trains nothing: it reads the finished runs and writes results.csv and report.md into --root.
+
+    python experiments/exp14_five_minutes.py [--root DIR] [--timings DIR/stack_speed.csv]
+"""
+
+import csv
+import glob
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+import _common
+
+from babygpt import files
+from babygpt.errors import BabyGPTError
+from babygpt.ngram import label, strongest
+from babygpt.options import option
+
+BUDGET_S = 300  # five minutes of training steps
+# arm -> (the sweep directories' name prefix, the LR key its sweeps vary, its row in exp13's table)
+ARMS = {"modern_rms (Muon)": ("modern_rms", "muon_lr", "modern_rms.py"),
+        "modern_rms_adamw": ("modern_rms_adamw", "learning_rate", "modern_rms_adamw.py"),
+        "prenorm_rms (the default)": ("prenorm_rms", "learning_rate", "default")}
+
+
+@dataclass
+class Exp14Options:
+    root: str = option(os.path.join(_common.ROOT, "results", "modern_5min"), "the sweeps' parent directory")
+    timings: str = option(os.path.join(_common.ROOT, "results", "modern_5min", "budget_timings", "stack_speed.csv"),
+                          "exp13's stack_speed.csv the budgets were set from")
+
+    def problems(self) -> list[str]:
+        return [f"{path} not found" for path in (self.root, self.timings) if not os.path.exists(path)]
+
+
+def finished_runs(root: str, prefix: str, lr_key: str) -> list[dict]:
+    """Every finished run of the arm's sweeps: its LR, seed, losses and the floors of its test targets."""
+    runs = []
+    sweeps = [d for d in sorted(glob.glob(os.path.join(root, prefix + "*")))
+              if os.path.basename(d).split("_lr")[0] == prefix]  # modern_rms_adamw_lr* is not modern_rms's
+    for summary_path in (p for d in sweeps for p in sorted(glob.glob(os.path.join(d, "runs", "*", "summary.json")))):
+        directory = os.path.dirname(summary_path)
+        with open(summary_path) as f:
+            summary = json.load(f)
+        with open(os.path.join(directory, "config.json")) as f:
+            config = json.load(f)
+        if summary.get("status") != "finished":
+            continue
+        floors = summary["references_test"]
+        floor, floor_loss = strongest(floors)
+        runs.append({"lr": config[lr_key], "seed": config["seed"], "iters": summary["iter"],
+                     "tune_loss": summary["tune_loss"], "test_loss": summary["test_loss"],
+                     "floor": floor, "floor_loss": floor_loss,
+                     "kn8": floors["kn8"], "machine": summary.get("machine")})
+    return runs
+
+
+def ms_per_iter(timings: str) -> dict:
+    with open(timings) as f:
+        return {row["piece"]: float(row["ms_per_iter"]) for row in csv.DictReader(f)}
+
+
+def arm_rows(arm: str, runs: list[dict], ms: float) -> list[dict]:
+    """One row per run, with the arm's tuned LR (the lowest mean tune loss over seeds 0 and 1) marked."""
+    by_lr = {}
+    for r in runs:
+        by_lr.setdefault(r["lr"], []).append(r["tune_loss"])
+    complete = {lr: v for lr, v in by_lr.items() if len(v) >= 2}
+    tuned = min(complete, key=lambda lr: statistics.mean(complete[lr])) if complete else None
+    return [{"arm": arm, "lr": r["lr"], "seed": r["seed"], "iters": r["iters"],
+             "train_minutes_2_threads": r["iters"] * ms / 60e3, "tuned": r["lr"] == tuned,
+             "tune_loss": r["tune_loss"], "test_loss": r["test_loss"], "floor": label(r["floor"]),
+             "floor_loss": r["floor_loss"], "below_floor": r["test_loss"] < r["floor_loss"],
+             "kn8_loss": r["kn8"], "below_kn8": r["test_loss"] < r["kn8"], "machine": r["machine"]}
+            for r in sorted(runs, key=lambda r: (r["lr"], r["seed"]))]
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| arm | LR | seed | iterations | training min (2 threads) | tune loss | test loss | strongest floor | "
+            "below it | KN 8-gram | below it |")
+    lines = [head, "|" + "---|" * 11]
+    for r in rows:
+        lines.append(f"| {r['arm']} | {r['lr']:g}{' (tuned)' * r['tuned']} | {r['seed']} | {r['iters']:,} | "
+                     f"{r['train_minutes_2_threads']:.1f} | {r['tune_loss']:.4f} | {r['test_loss']:.4f} | "
+                     f"{r['floor']} {r['floor_loss']:.4f} | {'yes' if r['below_floor'] else 'no'} | "
+                     f"{r['kn8_loss']:.4f} | {'yes' if r['below_kn8'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def main(argv):
+    started = time.time()
+    args = _common.parse(Exp14Options, argv, "exp14_five_minutes", __doc__)
+    ms = ms_per_iter(args.timings)
+    rows = []
+    for arm, (prefix, lr_key, piece) in ARMS.items():
+        rows += arm_rows(arm, finished_runs(args.root, prefix, lr_key), ms[piece])
+    if not rows:
+        raise BabyGPTError(f"no finished run under {args.root}; run the sweeps its README.md lists first")
+    files.write_csv(os.path.join(args.root, "results.csv"), list(rows[0]), rows)
+    tuned = [r for r in rows if r["tuned"]]
+    answer = (f"{sum(r['below_floor'] for r in rows)} of {len(rows)} runs end below the strongest count-based "
+              f"floor of their test targets; at the tuned LRs, {sum(r['below_floor'] for r in tuned)} of {len(tuned)}.")
+    budgets = "\n".join(f"- {arm}: {ms[piece]:.1f} ms per training step at 2 threads, so "
+                        f"{int(BUDGET_S * 1e3 / ms[piece]):,} steps in {BUDGET_S} s" for arm, (_, _, piece) in ARMS.items())
+    body = (f"Budgets (from {os.path.relpath(args.timings, args.root)}; evaluation time not counted):\n\n{budgets}\n\n"
+            f"<!-- table: runs -->\n{table(rows)}\n\n{answer}\n")
+    _common.write_report(os.path.join(args.root, "report.md"), "Below the n-gram floor in five CPU minutes?",
+                         _common.command_line(), body, started)
+    return 0
+
+
+if __name__ == "__main__":
+    _common.main(main)
