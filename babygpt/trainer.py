@@ -33,8 +33,8 @@ from .model import GPT, GPTConfig
 from .ngram import data_floors, is_collapsed, scheme_floors
 from .optim import build_optimizer
 from .rundir import RunDir, owned, run_record
-from .runtime import (autocast, check_dtype, dtype_note, machine, resolve_device, use_deterministic_kernels,
-                      uses_grad_scaler)
+from .runtime import (autocast, check_dtype, dtype_note, machine, muon_note, resolve_device,
+                      use_deterministic_kernels, uses_grad_scaler)
 from .signals import StopSignals
 from .tracker import TensorBoardTracker
 from .state import TrainState, finite_or_none
@@ -303,8 +303,9 @@ def announce(cfg: TrainConfig, device: torch.device, dist: distributed.Dist, num
         print(f"warning: {changes}", file=sys.stderr, flush=True)
     ranks = f" x {dist.world_size} processes" if dist.enabled else ""
     native, warning = dtype_note(device, cfg.dtype)
-    if warning:
-        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    for note in (warning, muon_note(device) if cfg.optimizer == "muon" else None):
+        if note:
+            print(f"warning: {note}", file=sys.stderr, flush=True)
     print(f"training on {device}{ranks} in {cfg.dtype}{native}, {num_params / 1e6:.2f}M parameters, "
           f"into {cfg.out_dir}", flush=True)
 

@@ -5,12 +5,13 @@ RoPE, SwiGLU, QK-norm, zero-initialised projections, Muon), its AdamW twin and t
 loss of the validation split's second half, trainer.final_evaluation) read against the strongest
 count-based model scored on exactly those targets with the same context (references_test).
 
-The runs are sweeps of experiments/sweep.py, one directory per arm and LR under --root (default
-results/modern_5min), made by the commands in its README.md; the budgets come from the training
+The runs are sweeps of experiments/sweep.py, one directory per arm and LR under --out (default
+results/modern_5min), made by the commands in its README.md: the tuning seeds 0 and 1 in ``<arm>``
+or ``<arm>_lrLR``, the evaluation seed(s) at the tuned LR in ``<arm>_eval``; the budgets come from the training
 ms/iter of experiments/exp13_stack_speed.py at 2 threads on the same machine (--timings). This script
-trains nothing: it reads the finished runs and writes results.csv and report.md into --root.
+trains nothing: it reads the finished runs and writes results.csv and report.md into --out.
 
-    python experiments/exp14_five_minutes.py [--root DIR] [--timings DIR/stack_speed.csv]
+    python experiments/exp14_five_minutes.py [--out DIR] [--timings DIR/stack_speed.csv]
 """
 
 import csv
@@ -36,20 +37,38 @@ ARMS = {"modern_rms (Muon)": ("modern_rms", "muon_lr", "modern_rms.py"),
 
 
 @dataclass
-class Exp14Options:
-    root: str = option(os.path.join(_common.ROOT, "results", "modern_5min"), "the sweeps' parent directory")
+class Exp14Options(_common.Options):
     timings: str = option(os.path.join(_common.ROOT, "results", "modern_5min", "budget_timings", "stack_speed.csv"),
                           "exp13's stack_speed.csv the budgets were set from")
 
+    @property
+    def root(self) -> str:
+        """The sweeps' parent directory, where results.csv and report.md go: --out, or results/modern_5min."""
+        return self.out if self.out is not None else os.path.join(_common.ROOT, "results", "modern_5min")
+
     def problems(self) -> list[str]:
-        return [f"{path} not found" for path in (self.root, self.timings) if not os.path.exists(path)]
+        problems = [f"--{name}: experiment 14 trains nothing (it reads the finished sweeps under --out); leave it out"
+                    for name in ("quick", "overwrite") if getattr(self, name)]
+        return problems + [f"{path!r} not found; check the path" for path in (self.root, self.timings)
+                           if not os.path.exists(path)]
 
 
-def finished_runs(root: str, prefix: str, lr_key: str) -> list[dict]:
-    """Every finished run of the arm's sweeps: its LR, seed, losses and the floors of its test targets."""
+def sweep_dirs(root: str, prefix: str) -> dict[str, list[str]]:
+    """The arm's sweep directories by role: tuning (``prefix``, ``prefix``_lrLR) and evaluation
+    (``prefix``_eval, seeds after the tuning seeds at the tuned LR)."""
+    dirs = {"tuning": [], "evaluation": []}
+    for d in sorted(glob.glob(os.path.join(root, prefix + "*"))):
+        name = os.path.basename(d)
+        if name == prefix + "_eval":
+            dirs["evaluation"].append(d)
+        elif name.split("_lr")[0] == prefix:  # modern_rms_adamw_lr* is not modern_rms's
+            dirs["tuning"].append(d)
+    return dirs
+
+
+def finished_runs(sweeps: list[str], lr_key: str, role: str) -> list[dict]:
+    """Every finished run of ``sweeps``: its LR, seed, losses and the floors of its test targets."""
     runs = []
-    sweeps = [d for d in sorted(glob.glob(os.path.join(root, prefix + "*")))
-              if os.path.basename(d).split("_lr")[0] == prefix]  # modern_rms_adamw_lr* is not modern_rms's
     for summary_path in (p for d in sweeps for p in sorted(glob.glob(os.path.join(d, "runs", "*", "summary.json")))):
         directory = os.path.dirname(summary_path)
         with open(summary_path) as f:
@@ -60,7 +79,7 @@ def finished_runs(root: str, prefix: str, lr_key: str) -> list[dict]:
             continue
         floors = summary["references_test"]
         floor, floor_loss = strongest(floors)
-        runs.append({"lr": config[lr_key], "seed": config["seed"], "iters": summary["iter"],
+        runs.append({"role": role, "lr": config[lr_key], "seed": config["seed"], "iters": summary["iter"],
                      "tune_loss": summary["tune_loss"], "test_loss": summary["test_loss"],
                      "floor": floor, "floor_loss": floor_loss,
                      "kn8": floors["kn8"], "machine": summary.get("machine")})
@@ -72,27 +91,33 @@ def ms_per_iter(timings: str) -> dict:
         return {row["piece"]: float(row["ms_per_iter"]) for row in csv.DictReader(f)}
 
 
-def arm_rows(arm: str, runs: list[dict], ms: float) -> list[dict]:
-    """One row per run, with the arm's tuned LR (the lowest mean tune loss over seeds 0 and 1) marked."""
+def tuned_lr(runs: list[dict]) -> float | None:
+    """The LR with the lowest mean tune loss over the tuning seeds (an LR with one finished seed is not
+    a candidate)."""
     by_lr = {}
     for r in runs:
         by_lr.setdefault(r["lr"], []).append(r["tune_loss"])
     complete = {lr: v for lr, v in by_lr.items() if len(v) >= 2}
-    tuned = min(complete, key=lambda lr: statistics.mean(complete[lr])) if complete else None
-    return [{"arm": arm, "lr": r["lr"], "seed": r["seed"], "iters": r["iters"],
+    return min(complete, key=lambda lr: statistics.mean(complete[lr])) if complete else None
+
+
+def arm_rows(arm: str, runs: list[dict], ms: float) -> list[dict]:
+    """One row per run, the arm's tuned LR (``tuned_lr`` of its tuning runs) marked."""
+    tuned = tuned_lr([r for r in runs if r["role"] == "tuning"])
+    return [{"arm": arm, "role": r["role"], "lr": r["lr"], "seed": r["seed"], "iters": r["iters"],
              "train_minutes_2_threads": r["iters"] * ms / 60e3, "tuned": r["lr"] == tuned,
              "tune_loss": r["tune_loss"], "test_loss": r["test_loss"], "floor": label(r["floor"]),
              "floor_loss": r["floor_loss"], "below_floor": r["test_loss"] < r["floor_loss"],
              "kn8_loss": r["kn8"], "below_kn8": r["test_loss"] < r["kn8"], "machine": r["machine"]}
-            for r in sorted(runs, key=lambda r: (r["lr"], r["seed"]))]
+            for r in sorted(runs, key=lambda r: (r["role"] != "tuning", r["lr"], r["seed"]))]
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| arm | LR | seed | iterations | training min (2 threads) | tune loss | test loss | strongest floor | "
+    head = ("| arm | seed's role | LR | seed | iterations | training min (2 threads) | tune loss | test loss | strongest floor | "
             "below it | KN 8-gram | below it |")
-    lines = [head, "|" + "---|" * 11]
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
-        lines.append(f"| {r['arm']} | {r['lr']:g}{' (tuned)' * r['tuned']} | {r['seed']} | {r['iters']:,} | "
+        lines.append(f"| {r['arm']} | {r['role']} | {r['lr']:g}{' (tuned)' * r['tuned']} | {r['seed']} | {r['iters']:,} | "
                      f"{r['train_minutes_2_threads']:.1f} | {r['tune_loss']:.4f} | {r['test_loss']:.4f} | "
                      f"{r['floor']} {r['floor_loss']:.4f} | {'yes' if r['below_floor'] else 'no'} | "
                      f"{r['kn8_loss']:.4f} | {'yes' if r['below_kn8'] else 'no'} |")
@@ -105,13 +130,18 @@ def main(argv):
     ms = ms_per_iter(args.timings)
     rows = []
     for arm, (prefix, lr_key, piece) in ARMS.items():
-        rows += arm_rows(arm, finished_runs(args.root, prefix, lr_key), ms[piece])
+        dirs = sweep_dirs(args.root, prefix)
+        runs = [r for role, sweeps in dirs.items() for r in finished_runs(sweeps, lr_key, role)]
+        rows += arm_rows(arm, runs, ms[piece])
     if not rows:
         raise BabyGPTError(f"no finished run under {args.root}; run the sweeps its README.md lists first")
     files.write_csv(os.path.join(args.root, "results.csv"), list(rows[0]), rows)
-    tuned = [r for r in rows if r["tuned"]]
+    tuned = [r for r in rows if r["tuned"] and r["role"] == "tuning"]
+    evaluation = [r for r in rows if r["role"] == "evaluation"]
     answer = (f"{sum(r['below_floor'] for r in rows)} of {len(rows)} runs end below the strongest count-based "
-              f"floor of their test targets; at the tuned LRs, {sum(r['below_floor'] for r in tuned)} of {len(tuned)}.")
+              f"floor of their test targets; of the tuning seeds at the tuned LRs, {sum(r['below_floor'] for r in tuned)} "
+              f"of {len(tuned)}; of the evaluation seeds, {sum(r['below_floor'] for r in evaluation)} of "
+              f"{len(evaluation)}.")
     budgets = "\n".join(f"- {arm}: {ms[piece]:.1f} ms per training step at 2 threads, so "
                         f"{int(BUDGET_S * 1e3 / ms[piece]):,} steps in {BUDGET_S} s" for arm, (_, _, piece) in ARMS.items())
     body = (f"Budgets (from {os.path.relpath(args.timings, args.root)}; evaluation time not counted):\n\n{budgets}\n\n"

@@ -918,9 +918,10 @@ def test_exp14_reads_each_arms_runs_picks_the_lr_on_the_tune_loss_and_reads_the_
         "modern_rms": [(0.01, 0, 1.64, 1.72), (0.01, 1, 1.66, 1.73), (0.02, 0, 1.60, 1.54), (0.02, 1, 1.61, 1.56),
                        (0.04, 0, 1.50, 1.50)],  # 0.04: one seed only
         "modern_rms_adamw_lr3e-3": [(3e-3, 0, 1.70, 1.75), (3e-3, 1, 1.71, 1.76)],
+        "modern_rms_eval": [(0.02, 2, 1.65, 1.53)],  # an evaluation seed: chooses nothing
     }
     for sweep, rows in runs.items():
-        key = "muon_lr" if sweep == "modern_rms" else "learning_rate"
+        key = "learning_rate" if "adamw" in sweep else "muon_lr"
         for lr, seed, tune, test in rows:
             run = tmp_path / sweep / "runs" / f"{sweep}__{key}={lr}__seed={seed}"
             run.mkdir(parents=True)
@@ -929,12 +930,12 @@ def test_exp14_reads_each_arms_runs_picks_the_lr_on_the_tune_loss_and_reads_the_
                                                           "test_loss": test, "references_test": floors}))
     timings = tmp_path / "timings.csv"
     timings.write_text("piece,ms_per_iter\ndefault,180\nmodern_rms.py,1000\nmodern_rms_adamw.py,200\n")
-    assert exp14.main([f"--root={tmp_path}", f"--timings={timings}"]) == 0
+    assert exp14.main([f"--out={tmp_path}", f"--timings={timings}"]) == 0
     rows = read_csv(tmp_path / "results.csv")
-    tuned = {(r["arm"], float(r["lr"])) for r in rows if r["tuned"] == "True"}
+    tuned = {(r["arm"], float(r["lr"])) for r in rows if r["tuned"] == "True" and r["role"] == "tuning"}
     assert tuned == {("modern_rms (Muon)", 0.02), ("modern_rms_adamw", 3e-3)}
     below = {(float(r["lr"]), r["seed"]) for r in rows if r["below_floor"] == "True"}
-    assert below == {(0.02, "0"), (0.04, "0")}
+    assert below == {(0.02, "0"), (0.04, "0"), (0.02, "2")}
     report = (tmp_path / "report.md").read_text()
-    assert "2 of 7 runs end below" in report and "at the tuned LRs, 1 of 4" in report
+    assert "3 of 8 runs end below" in report and "at the tuned LRs, 1 of 4; of the evaluation seeds, 1 of 1" in report
     assert "300 steps in 300 s" in report  # the Muon arm's budget: 300 s / 1,000 ms

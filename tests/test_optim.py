@@ -337,3 +337,18 @@ def test_decay_norms_decays_every_norm_parameter_and_an_offset_gain_moves_toward
         p.grad = torch.zeros_like(p)
     opt.step()
     assert_close(gain, torch.full_like(gain, 0.5 * (1 - 0.1 * 0.5)))  # decoupled decay: w (1 - lr wd)
+
+
+@pytest.mark.parametrize("slowdown,warned", [(40.0, True), (0.5, False)])
+def test_muon_warns_where_the_cpu_emulates_bfloat16(slowdown, warned, monkeypatch, capsys):
+    """torch.optim.Muon orthogonalizes in bfloat16: where this CPU emulates it (a bfloat16 matmul many
+    times slower than float32), a muon run says so as it starts; where bfloat16 is native it says nothing."""
+    from babygpt import runtime, trainer
+
+    monkeypatch.setattr(runtime, "matmul_slowdown", lambda device_type, dtype: slowdown)
+    cfg = TrainConfig(optimizer="muon", device="cpu", dtype="float32")
+    trainer.announce(cfg, torch.device("cpu"), trainer.distributed.Dist(), 1000, None, None, "ckpt.pt")
+    err = capsys.readouterr().err
+    assert ("warning: optimizer muon: torch.optim.Muon orthogonalizes each update in bfloat16, which this CPU "
+            "emulates (matmul 40x slower than float32)" in err) == warned
+    assert runtime.muon_note(torch.device("cuda")) is None  # a GPU computes bfloat16 natively
