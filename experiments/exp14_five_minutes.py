@@ -74,7 +74,7 @@ def finished_runs(sweeps: list[str], lr_key: str, role: str) -> list[dict]:
         with open(summary_path) as f:
             summary = json.load(f)
         with open(os.path.join(directory, "config.json")) as f:
-            config = json.load(f)
+            config = json.load(f)["config"]  # the run's TrainConfig, flat
         if summary.get("status") != "finished":
             continue
         floors = summary["references_test"]
@@ -142,6 +142,14 @@ def main(argv):
               f"floor of their test targets; of the tuning seeds at the tuned LRs, {sum(r['below_floor'] for r in tuned)} "
               f"of {len(tuned)}; of the evaluation seeds, {sum(r['below_floor'] for r in evaluation)} of "
               f"{len(evaluation)}.")
+    edges = []
+    for arm in ARMS:
+        tried = sorted({r["lr"] for r in rows if r["arm"] == arm and r["role"] == "tuning"})
+        best = [r["lr"] for r in rows if r["arm"] == arm and r["tuned"]]
+        if len(tried) > 1 and best and best[0] in (tried[0], tried[-1]):
+            side = "lowest" if best[0] == tried[0] else "highest"
+            edges.append(f"{arm}'s tuned LR {best[0]:g} is the {side} it tried: one beyond it may do better.")
+    answer += "".join(" " + e for e in edges)
     budgets = "\n".join(f"- {arm}: {ms[piece]:.1f} ms per training step at 2 threads, so "
                         f"{int(BUDGET_S * 1e3 / ms[piece]):,} steps in {BUDGET_S} s" for arm, (_, _, piece) in ARMS.items())
     body = (f"Budgets (from {os.path.relpath(args.timings, args.root)}; evaluation time not counted):\n\n{budgets}\n\n"

@@ -925,7 +925,7 @@ def test_exp14_reads_each_arms_runs_picks_the_lr_on_the_tune_loss_and_reads_the_
         for lr, seed, tune, test in rows:
             run = tmp_path / sweep / "runs" / f"{sweep}__{key}={lr}__seed={seed}"
             run.mkdir(parents=True)
-            (run / "config.json").write_text(json.dumps({key: lr, "seed": seed}))
+            (run / "config.json").write_text(json.dumps({"config": {key: lr, "seed": seed}}))
             (run / "summary.json").write_text(json.dumps({"status": "finished", "iter": 300, "tune_loss": tune,
                                                           "test_loss": test, "references_test": floors}))
     timings = tmp_path / "timings.csv"
