@@ -102,8 +102,10 @@ def tuned_lr(runs: list[dict]) -> float | None:
 
 
 def arm_rows(arm: str, runs: list[dict], ms: float) -> list[dict]:
-    """One row per run, the arm's tuned LR (``tuned_lr`` of its tuning runs) marked."""
-    tuned = tuned_lr([r for r in runs if r["role"] == "tuning"])
+    """One row per run, the arm's tuned LR (``tuned_lr`` of its tuning runs) marked; an arm that tried
+    one LR has none (the default runs at the LR tuned at 2,400 iterations)."""
+    tuning = [r for r in runs if r["role"] == "tuning"]
+    tuned = tuned_lr(tuning) if len({r["lr"] for r in tuning}) > 1 else None
     return [{"arm": arm, "role": r["role"], "lr": r["lr"], "seed": r["seed"], "iters": r["iters"],
              "train_minutes_2_threads": r["iters"] * ms / 60e3, "tuned": r["lr"] == tuned,
              "tune_loss": r["tune_loss"], "test_loss": r["test_loss"], "floor": label(r["floor"]),
@@ -117,7 +119,7 @@ def table(rows: list[dict]) -> str:
             "below it | KN 8-gram | below it |")
     lines = [head, "|" + "---|" * 12]
     for r in rows:
-        lines.append(f"| {r['arm']} | {r['role']} | {r['lr']:g}{' (tuned)' * r['tuned']} | {r['seed']} | {r['iters']:,} | "
+        lines.append(f"| {r['arm']} | {r['role']} | {r['lr']:g}{' (tuned)' if r['tuned'] else ''} | {r['seed']} | {r['iters']:,} | "
                      f"{r['train_minutes_2_threads']:.1f} | {r['tune_loss']:.4f} | {r['test_loss']:.4f} | "
                      f"{r['floor']} {r['floor_loss']:.4f} | {'yes' if r['below_floor'] else 'no'} | "
                      f"{r['kn8_loss']:.4f} | {'yes' if r['below_kn8'] else 'no'} |")
