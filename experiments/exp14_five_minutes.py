@@ -9,7 +9,7 @@ The runs are sweeps of experiments/sweep.py, one directory per arm and LR under 
 results/modern_5min), made by the commands in its README.md: the tuning seeds 0 and 1 in ``<arm>``
 or ``<arm>_lrLR``, the evaluation seed(s) at the tuned LR in ``<arm>_eval``; the budgets come from the training
 ms/iter of experiments/exp13_stack_speed.py at 2 threads on the same machine (--timings). This script
-trains nothing: it reads the finished runs and writes results.csv and report.md into --out.
+trains nothing: it reads the finished runs and writes settings.json, results.csv and report.md into --out.
 
     python experiments/exp14_five_minutes.py [--out DIR] [--timings DIR/stack_speed.csv]
 """
@@ -28,6 +28,7 @@ from babygpt import files
 from babygpt.errors import BabyGPTError
 from babygpt.ngram import label, strongest
 from babygpt.options import option
+from babygpt.rundir import write_json
 
 BUDGET_S = 300  # five minutes of training steps
 # arm -> (the sweep directories' name prefix, the LR key its sweeps vary, its row in exp13's table)
@@ -137,6 +138,7 @@ def main(argv):
         rows += arm_rows(arm, runs, ms[piece])
     if not rows:
         raise BabyGPTError(f"no finished run under {args.root}; run the sweeps its README.md lists first")
+    write_json(os.path.join(args.root, "settings.json"), _common.settings(args, "exp14_five_minutes"))
     files.write_csv(os.path.join(args.root, "results.csv"), list(rows[0]), rows)
     tuned = [r for r in rows if r["tuned"] and r["role"] == "tuning"]
     evaluation = [r for r in rows if r["role"] == "evaluation"]

@@ -936,6 +936,7 @@ def test_exp14_reads_each_arms_runs_picks_the_lr_on_the_tune_loss_and_reads_the_
     assert tuned == {("modern_rms (Muon)", 0.02)}  # an arm that tried one LR tuned none
     below = {(float(r["lr"]), r["seed"]) for r in rows if r["below_floor"] == "True"}
     assert below == {(0.02, "0"), (0.04, "0"), (0.02, "2")}
+    assert json.loads((tmp_path / "settings.json").read_text())["experiment"] == "exp14_five_minutes"
     report = (tmp_path / "report.md").read_text()
     assert "3 of 8 runs end below" in report and "at the tuned LRs, 1 of 2; of the evaluation seeds, 1 of 1" in report
     assert "300 steps in 300 s" in report  # the Muon arm's budget: 300 s / 1,000 ms
