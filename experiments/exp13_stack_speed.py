@@ -142,10 +142,9 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
-    head = "| " + " | ".join(title for _, title, _ in columns) + " |"
-    lines = [head, "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(format(r[key], fmt) for key, _, fmt in columns) + " |" for r in rows]
-    return "\n".join(lines)
+    """rows as a markdown table of ``columns``: (key, title, format spec) each."""
+    return _common.markdown_table([title for _, title, _ in columns],
+                                  [[format(r[key], fmt) for key, _, fmt in columns] for r in rows])
 
 
 def main(argv):

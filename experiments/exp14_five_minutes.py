@@ -116,15 +116,13 @@ def arm_rows(arm: str, runs: list[dict], ms: float) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| arm | seed's role | LR | seed | iterations | training min (2 threads) | tune loss | test loss | strongest floor | "
-            "below it | KN 8-gram | below it |")
-    lines = [head, "|" + "---|" * 12]
-    for r in rows:
-        lines.append(f"| {r['arm']} | {r['role']} | {r['lr']:g}{' (tuned)' if r['tuned'] else ''} | {r['seed']} | {r['iters']:,} | "
-                     f"{r['train_minutes_2_threads']:.1f} | {r['tune_loss']:.4f} | {r['test_loss']:.4f} | "
-                     f"{r['floor']} {r['floor_loss']:.4f} | {'yes' if r['below_floor'] else 'no'} | "
-                     f"{r['kn8_loss']:.4f} | {'yes' if r['below_kn8'] else 'no'} |")
-    return "\n".join(lines)
+    header = ["arm", "seed's role", "LR", "seed", "iterations", "training min (2 threads)", "tune loss", "test loss",
+              "strongest floor", "below it", "KN 8-gram", "below it"]
+    return _common.markdown_table(header, [
+        [r["arm"], r["role"], f"{r['lr']:g}{' (tuned)' if r['tuned'] else ''}", r["seed"], f"{r['iters']:,}",
+         f"{r['train_minutes_2_threads']:.1f}", f"{r['tune_loss']:.4f}", f"{r['test_loss']:.4f}",
+         f"{r['floor']} {r['floor_loss']:.4f}", "yes" if r["below_floor"] else "no", f"{r['kn8_loss']:.4f}",
+         "yes" if r["below_kn8"] else "no"] for r in rows])
 
 
 def main(argv):
@@ -157,7 +155,7 @@ def main(argv):
     budgets = "\n".join(f"- {arm}: {ms[piece]:.1f} ms per training step at 2 threads, so "
                         f"{int(BUDGET_S * 1e3 / ms[piece]):,} steps in {BUDGET_S} s" for arm, (_, _, piece) in ARMS.items())
     body = (f"Budgets (from {os.path.relpath(args.timings, args.root)}; evaluation time not counted):\n\n{budgets}\n\n"
-            f"<!-- table: runs -->\n{table(rows)}\n\n{answer}\n")
+            f"{_common.table_marker('runs')}{table(rows)}\n\n{answer}\n")
     _common.write_report(os.path.join(args.root, "report.md"), "Below the n-gram floor in five CPU minutes?",
                          _common.command_line(), body, started)
     return 0
