@@ -111,6 +111,9 @@ def train_main(argv: list[str]) -> int:
     whole = "" if full is None else f", val loss over the whole split {full:.4f}"
     tested = "" if test is None else (f", test loss {test:.4f} (the validation split's second half in sliding "
                                       f"windows; {floors_note(summary, 'references_test')} scored alike)")
+    if summary.get("target_reached_at") is not None:
+        say(f"reached target_val_loss {cfg.target_val_loss:g} at iteration {summary['target_reached_at']}, "
+            f"and stopped {summary['wall_time_s']:.1f} s after it started (compile and evaluations included)")
     say(f"done: {summary['iter']} iterations, best val loss {'n/a' if best is None else f'{best:.4f}'}{whole}"
         f"{tested}; sample with: python sample.py --ckpt {out}/best.pt")
     if status == "collapsed":

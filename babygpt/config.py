@@ -96,6 +96,10 @@ class TrainConfig(Checked):
     lr_decay_iters: Optional[int] = option(None, "cosine decay reaches min_lr here; none = max_iters")
     min_lr: float = option(5.5e-4, "learning rate at the end of the cosine decay", valid=AT_LEAST_0)
     max_iters: int = option(2400, "optimizer steps in total")
+    target_val_loss: float = option(
+        0.0, "end the run at the first evaluation whose val loss is at or below this (e.g. nanoGPT's 1.4697 for "
+             "config/shakespeare_char_gpu.py); each evaluation's metrics row has elapsed_s, the time to it; 0 = off",
+        valid=AT_LEAST_0)
     # logging and checkpoints
     eval_interval: int = option(400, "evaluate train/val loss and checkpoint every this many iterations")
     eval_iters: int = option(50, "batches per split in each evaluation")

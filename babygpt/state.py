@@ -14,8 +14,9 @@ from .signals import signal_name
 
 # How a run ended (summary.json's "status"), each defined once here; docs/reliability.md lists them.
 STATUSES = {
-    "finished": "reached max_iters with finite losses; its loss over the whole validation split is "
-                "better than the data's unigram model by more than the collapse margin (ngram.py)",
+    "finished": "reached max_iters (or an evaluation at or below target_val_loss) with finite losses; its "
+                "loss over the whole validation split is better than the data's unigram model by more than the "
+                "collapse margin (ngram.py)",
     "collapsed": "reached max_iters, but its whole-split loss is within the collapse margin of the "
                  "unigram loss, or above it: it learned no more than character frequencies",
     "skipped_out": "reached max_iters, but more than half of its steps were skipped (nonfinite=skip, or "

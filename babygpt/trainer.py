@@ -310,6 +310,9 @@ def announce(cfg: TrainConfig, device: torch.device, dist: distributed.Dist, num
           f"into {cfg.out_dir}", flush=True)
 
 
+WALL_CLOCK_FIELDS = ("tokens_per_s", "elapsed_s")  # metrics fields that differ between otherwise identical runs
+
+
 class LossWindow:
     """The per-step losses since the last metrics row, left on the device: reading them is a
     host-device sync, made once per row instead of once per step."""
@@ -442,7 +445,7 @@ class Trainer:
         if cfg.init_from == "resume":
             resume_training_state(self.run_dir.ckpt, self.model_cfg, self.tok.chars, self.model, self.optimizer,
                                   self.scaler, self.state, self.dist, cfg.optimizer)
-            if self.state.iter >= cfg.max_iters:  # e.g. killed after its last checkpoint: it is complete
+            if self.state.iter >= cfg.max_iters or self._reached_target():  # e.g. killed after its last checkpoint
                 return self._complete()
         resumed_at = self.state.iter if cfg.init_from == "resume" else None
         # read before start() records this resume; only the rank that prints needs it
@@ -476,6 +479,8 @@ class Trainer:
                 status = "collapsed"
         summary = {**self.state.summary(status, self.cfg.max_iters, signum), **final,
                    "machine": machine(self.device)}
+        if self.cfg.target_val_loss:
+            summary["target_reached_at"] = self.state.last_eval["iter"] if self._reached_target() else None
         if self.dist.enabled:
             summary["world_size"] = self.dist.world_size
         self.run_dir.write_summary(summary)
@@ -484,9 +489,13 @@ class Trainer:
     def _complete(self) -> dict:
         """A resume with nothing left to train: the finished run's files stay as they are (only a
         run killed between its last checkpoint and its summary gets the summary it lacks)."""
-        if self.main:
+        if self.main and self.state.iter >= self.cfg.max_iters:
             print(f"{self.run_dir.ckpt} is already at iteration {self.state.iter} (max_iters {self.cfg.max_iters}): "
                   f"nothing to train; pass a larger --max_iters to continue", file=sys.stderr)
+        elif self.main:
+            print(f"{self.run_dir.ckpt} already reached target_val_loss {self.cfg.target_val_loss:g} (val loss "
+                  f"{self.state.last_eval['val_loss']:.4f}): nothing to train; pass a lower --target_val_loss "
+                  f"to continue", file=sys.stderr)
         summary = self.run_dir.finished_summary(self.state.iter)
         self.dist.barrier()  # every rank has read it before rank 0 may write it
         return summary or self._write_summary("finished", None)
@@ -531,8 +540,15 @@ class Trainer:
                     self.run_dir.log(row)
                 elif not self._evaluate_and_checkpoint(row):
                     return "diverged", None
+                elif self._reached_target():
+                    return "finished", None
                 window.restart_clock()  # eval time is not training throughput
         return "finished", None
+
+    def _reached_target(self) -> bool:
+        """The last finite evaluation is at or below target_val_loss (when one is set)."""
+        target, last = self.cfg.target_val_loss, self.state.last_eval
+        return target > 0 and "val_loss" in last and last["val_loss"] <= target
 
     def step(self, lr: float, hook: StepHook = NO_HOOK) -> torch.Tensor:
         """One optimizer step at ``lr`` (update.OptimizerStep); returns the step's mean loss, detached
@@ -546,7 +562,9 @@ class Trainer:
         state = self.state
         self.dist.broadcast_buffers(self.model)
         losses = estimate_loss(self.net, self.splits, self.cfg, self.device, self.dist)
-        row.update(train_loss=finite_or_none(losses["train"]), val_loss=finite_or_none(losses["val"]))
+        # elapsed_s: wall time since the run started (compile and every eval so far included), as of this
+        # eval's losses; the time to a target loss, as nanoGPT's "val 1.4697 in 3 minutes" counts it
+        row.update(elapsed_s=round(self._elapsed(), 3), train_loss=finite_or_none(losses["train"]), val_loss=finite_or_none(losses["val"]))
         speed = f" | {row['tokens_per_s'] / 1e3:.1f}k tok/s" if row["tokens_per_s"] else ""
         if self.main:
             tqdm.write(f"step {state.iter} | train {losses['train']:.4f} | val {losses['val']:.4f} | "

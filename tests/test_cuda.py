@@ -1,5 +1,5 @@
-"""CUDA paths (float16 + GradScaler, bfloat16, fused AdamW, compile, deterministic kernels). Skipped without
-a GPU."""
+"""CUDA paths (float16 + GradScaler, bfloat16, fused AdamW, compile, deterministic kernels), under both
+optimizers (AdamW; Muon for the blocks' matrices with AdamW for the rest). Skipped without a GPU."""
 
 import os
 
@@ -22,12 +22,16 @@ def data_dir(tmp_path_factory):
     return prepare_small_data(tmp_path_factory.mktemp("cuda"))
 
 
+OPTIMIZERS = ["adamw", "muon"]
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
-def test_training_on_cuda(data_dir, tmp_path, dtype):
+def test_training_on_cuda(data_dir, tmp_path, dtype, optimizer):
     if dtype == "bfloat16" and not torch.cuda.is_bf16_supported():
         pytest.skip("no bfloat16 on this GPU")
     s = train(load_config([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *CUDA_ARGS,
-                           f"--dtype={dtype}", "--max_iters=30"]))
+                           f"--dtype={dtype}", "--max_iters=30", f"--optimizer={optimizer}"]))
     assert s["status"] in COMPLETED
     assert s["final_val_loss"] < 3.3  # learned something: ln(vocab_size) is about 3.4
     assert isinstance(s["scaler_skipped_steps"], int)  # counted (float16) or 0 (no scaler)
@@ -37,9 +41,10 @@ def test_training_on_cuda(data_dir, tmp_path, dtype):
     assert ckpt["scaler"] if dtype == "float16" else not ckpt["scaler"]  # scaler state saved for resume
 
 
-def test_compile_on_cuda(data_dir, tmp_path):
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_compile_on_cuda(data_dir, tmp_path, optimizer):
     s = train(load_config([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *CUDA_ARGS,
-                           "--dtype=bfloat16", "--compile=true", "--max_iters=20"]))
+                           "--dtype=bfloat16", "--compile=true", "--max_iters=20", f"--optimizer={optimizer}"]))
     assert s["status"] in COMPLETED
     keys = torch.load(os.path.join(tmp_path, "ckpt.pt"), weights_only=True)["model"].keys()
     assert not any(k.startswith("_orig_mod.") for k in keys)
@@ -55,14 +60,18 @@ def test_float16_autocast_model_is_finite_and_close_to_float32(name):
     assert torch.isfinite(loss) and abs(loss.item() - ref.item()) < 1e-2
 
 
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_resume_on_cuda(data_dir, tmp_path, dtype):
-    """RNG states are CPU tensors even for a CUDA run; resume must restore them."""
-    args = [f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *CUDA_ARGS, f"--dtype={dtype}",
-            "--lr_decay_iters=30"]
-    train(load_config([*args, "--max_iters=20"]))
-    s = train(load_config([*args, "--max_iters=30", "--init_from=resume"]))
+def test_resume_on_cuda_is_bit_identical(data_dir, tmp_path, dtype, optimizer, deterministic_mode_restored):
+    """RNG states are CPU tensors even for a CUDA run; resume must restore them, and (with deterministic
+    kernels) the optimizer's state too: 20 steps + a resume to 30 equal 30 straight steps bit for bit."""
+    args = [f"--data_dir={data_dir}", *CUDA_ARGS, f"--dtype={dtype}", "--lr_decay_iters=30",
+            f"--optimizer={optimizer}", "--deterministic=true"]
+    train(load_config([*args, f"--out_dir={tmp_path / 'half'}", "--max_iters=20"]))
+    s = train(load_config([*args, f"--out_dir={tmp_path / 'half'}", "--max_iters=30", "--init_from=resume"]))
     assert s["status"] in COMPLETED and s["iter"] == 30
+    train(load_config([*args, f"--out_dir={tmp_path / 'full'}", "--max_iters=30"]))
+    assert_same_weights(tmp_path / "half" / "ckpt.pt", tmp_path / "full" / "ckpt.pt")
 
 
 def test_auto_dtype_tf32_fused_adamw_and_batches_on_cuda(data_dir, tmp_path):
@@ -73,6 +82,8 @@ def test_auto_dtype_tf32_fused_adamw_and_batches_on_cuda(data_dir, tmp_path):
     assert trainer.cfg.dtype == ("bfloat16" if native_bf16 else "float16")
     assert torch.get_float32_matmul_precision() == "high"  # TF32 matmuls
     assert all(g.get("fused") for g in trainer.optimizer.param_groups)
+    muon = Trainer(load_config([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *CUDA_ARGS, "--optimizer=muon"]))
+    assert all(g.get("fused") for g in muon.optimizer.adamw.param_groups)  # Muon's own groups have no fused form
     x, y = trainer.state.sampler.next_batch()
     assert x.is_cuda and y.is_cuda
 

@@ -940,3 +940,44 @@ def test_exp14_reads_each_arms_runs_picks_the_lr_on_the_tune_loss_and_reads_the_
     report = (tmp_path / "report.md").read_text()
     assert "3 of 8 runs end below" in report and "at the tuned LRs, 1 of 2; of the evaluation seeds, 1 of 1" in report
     assert "300 steps in 300 s" in report  # the Muon arm's budget: 300 s / 1,000 ms
+
+
+def test_exp15_reads_the_time_to_each_runs_first_eval_at_the_target(tmp_path, monkeypatch, capsys):
+    """Experiment 15 trains nothing: a run's time to the target is the elapsed_s of its first evaluation
+    at or below it; a run that never got there says so, with its best evaluation beside it."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp15_time_to_target as exp15
+
+    evals = {"h200/fast": [(0, 4.2, 1.0), (250, 1.50, 10.0), (500, 1.46, 20.0)],
+             "h100/slow": [(0, 4.2, 1.5), (250, 1.52, 12.0), (500, 1.48, 24.0), (750, 1.49, 36.0)]}
+    for name, rows in evals.items():
+        run = tmp_path / name
+        run.mkdir(parents=True)
+        config = {"target_val_loss": 1.47, "optimizer": "adamw", "compile": False, "learning_rate": 1e-3,
+                  "muon_lr": 0.02, "seed": 0}
+        (run / "config.json").write_text(json.dumps({"config": config}))
+        (run / "metrics.jsonl").write_text("".join(
+            json.dumps({"iter": i, "tokens_per_s": 1e6, "elapsed_s": s, "val_loss": v}) + "\n" for i, v, s in rows))
+        (run / "summary.json").write_text(json.dumps({
+            "status": "finished", "iter": rows[-1][0], "test_loss": 1.52, "machine": {"device": "cuda", "gpu": name[:4]},
+            "references_test": {"unigram": 3.3, "kn8": 1.58, "mkn9": 1.55}}))
+    assert exp15.main([f"--out={tmp_path}"]) == 0
+    rows = {r["arm"]: r for r in read_csv(tmp_path / "results.csv")}
+    assert rows["fast"]["reached_at"] == "500" and float(rows["fast"]["seconds_to_target"]) == 20.0
+    assert rows["slow"]["reached_at"] == "" and rows["slow"]["best_at"] == "500"
+    assert rows["slow"]["card"] == "h100"
+    report = (tmp_path / "report.md").read_text()
+    assert "1 of 2 runs reached val 1.47, in 20.0 to 20.0 s." in report and "not reached" in report
+
+
+def test_exp15_refuses_a_run_trained_without_a_target(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp15_time_to_target as exp15
+
+    run = tmp_path / "h200" / "plain"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"config": {"target_val_loss": 0.0}}))
+    (run / "summary.json").write_text(json.dumps({"status": "finished", "iter": 10}))
+    (run / "metrics.jsonl").write_text("")
+    assert_refused_in_process(exp15.main, [f"--out={tmp_path}"], capsys, "trained without --target_val_loss")
+    assert not (tmp_path / "results.csv").exists()

@@ -46,7 +46,7 @@ import torch
 from babygpt.checkpoint import load_checkpoint
 from babygpt.cli import run, train_main
 from babygpt.config import load_config
-from babygpt.trainer import Trainer
+from babygpt.trainer import WALL_CLOCK_FIELDS, Trainer
 from conftest import ROOT, prepare_small_data
 
 FAULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faults")
@@ -325,7 +325,7 @@ def exercise(name: str, points: list[Point], chosen: list[Point], attempt, minim
 
 
 def comparable(rows):
-    return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]
+    return [{k: v for k, v in r.items() if k not in WALL_CLOCK_FIELDS} for r in rows]
 
 
 def metrics(run_dir):

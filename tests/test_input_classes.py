@@ -337,7 +337,7 @@ def test_every_float_key_is_found():
     assert set(FLOAT_KEYS) == {"learning_rate", "weight_decay", "beta1", "beta2", "adam_eps", "z_loss", "grad_clip",
                                "min_lr", "dropout", "norm_eps", "dyt_alpha_init", "dyt_alpha_init_attn", "mixln_alpha",
                                "layerscale_init", "derf_alpha_init", "derf_shift_init", "rope_base",
-                               "logit_softcap", "attn_softcap", "muon_lr", "muon_momentum", "qk_clip_tau"}
+                               "logit_softcap", "attn_softcap", "muon_lr", "muon_momentum", "qk_clip_tau", "target_val_loss"}
     assert (FLOAT32_MAX, FLOAT32_TINY) == (torch.finfo(torch.float32).max, torch.finfo(torch.float32).tiny)
 
 

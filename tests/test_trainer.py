@@ -174,3 +174,42 @@ def test_deterministic_switches_torch_to_deterministic_kernels_and_a_cpu_run_sta
         assert torch.are_deterministic_algorithms_enabled() is (flag == "true")
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_WORKSPACE
     assert_same_weights(tmp_path / "true" / "ckpt.pt", tmp_path / "false" / "ckpt.pt")
+
+
+def metrics_rows(out_dir):
+    import json
+
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_target_val_loss_ends_the_run_where_the_full_schedule_would_be_at_that_eval(data_dir, tmp_path):
+    """A target every eval reaches ends the run at its first eval after iteration 0, with the weights a
+    run cut there by max_iters (the same cosine over 40 iterations) has: nothing else changes."""
+    common = [f"--data_dir={data_dir}", *TINY_TRAIN_ARGS, "--lr_decay_iters=40"]
+    s = train(load_config([*common, f"--out_dir={tmp_path / 'target'}", "--max_iters=40", "--target_val_loss=10"]))
+    assert s["status"] == "finished" and s["iter"] == 10 and s["target_reached_at"] == 10
+    assert s["val_loss_full"] is not None  # scored on the whole split like any finished run
+    cut = train(load_config([*common, f"--out_dir={tmp_path / 'cut'}", "--max_iters=10"]))
+    assert "target_reached_at" not in cut  # no target, no field
+    assert_same_weights(tmp_path / "target" / "ckpt.pt", tmp_path / "cut" / "ckpt.pt")
+    evals = [r for r in metrics_rows(tmp_path / "target") if "val_loss" in r]
+    assert [r["iter"] for r in evals] == [0, 10]
+    assert 0 <= evals[0]["elapsed_s"] <= evals[1]["elapsed_s"] <= s["wall_time_s"]
+
+
+def test_a_target_not_reached_trains_to_max_iters_and_says_so(data_dir, tmp_path):
+    s = train(load_config([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *TINY_TRAIN_ARGS, "--max_iters=20",
+                           "--target_val_loss=0.01"]))
+    assert s["status"] in COMPLETED and s["iter"] == 20 and s["target_reached_at"] is None
+
+
+def test_a_run_that_reached_its_target_resumes_to_nothing_until_the_target_is_lowered(data_dir, tmp_path, capsys):
+    args = [f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *TINY_TRAIN_ARGS, "--max_iters=30"]
+    train(load_config([*args, "--target_val_loss=10"]))
+    before = {name: (tmp_path / name).read_bytes() for name in ("ckpt.pt", "summary.json", "metrics.jsonl")}
+    s = train(load_config([*args, "--target_val_loss=10", "--init_from=resume"]))
+    assert s["iter"] == 10 and "already reached target_val_loss 10" in capsys.readouterr().err
+    assert {name: (tmp_path / name).read_bytes() for name in before} == before
+    s = train(load_config([*args, "--target_val_loss=0.01", "--init_from=resume"]))
+    assert s["status"] in COMPLETED and s["iter"] == 30 and s["target_reached_at"] is None
