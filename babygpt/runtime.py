@@ -123,9 +123,12 @@ EMULATED_SLOWDOWN = 2.0
 
 
 def _matmul_seconds(device: torch.device, dtype: torch.dtype, n: int, repeats: int) -> float:
-    """Best wall time of one n x n matmul in ``dtype`` on ``device``."""
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
+    """Best wall time of one n x n matmul in ``dtype`` on ``device``. The operands come from a generator
+    of their own: the probe runs once per process, after the run has seeded torch, so drawing from the
+    global one would give the first run in a process other dropout masks than the next."""
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=generator).to(device=device, dtype=dtype)
+    b = torch.randn(n, n, generator=generator).to(device=device, dtype=dtype)
     best = math.inf
     for _ in range(repeats + 1):  # the first call warms up (allocation, kernel choice)
         if device.type == "cuda":

@@ -130,6 +130,17 @@ def test_the_slowdown_probe_is_measured_once_per_process(monkeypatch):
     runtime.matmul_slowdown.cache_clear()
 
 
+def test_the_slowdown_probe_leaves_the_global_random_state_alone():
+    """It runs at a run's start, after the seed: drawing from torch's generator would change the
+    dropout masks of the first run in a process only (in-process resume tests saw it)."""
+    runtime.matmul_slowdown.cache_clear()
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    runtime.matmul_slowdown("cpu", "bfloat16")
+    torch.testing.assert_close(torch.get_rng_state(), before, rtol=0, atol=0)
+    runtime.matmul_slowdown.cache_clear()
+
+
 def test_auto_dtype_never_picks_a_half_dtype_on_the_cpu(monkeypatch):
     monkeypatch.setattr(runtime, "matmul_slowdown", lambda device_type, d: 0.5)  # even where half is fast
     assert resolve_dtype(torch.device("cpu"), "auto") == "float32"
