@@ -28,7 +28,9 @@ from typing import Optional
 
 from tqdm import tqdm
 
+from . import launcher
 from .errors import BabyGPTError, Interrupted
+from .launcher import PreloadedLauncher
 from .options import option, parse_into
 from .rundir import RunLock
 from .scaleout import DeviceSlots, ScaleOutOptions, Shard, claim, hold_shard, pinned_gpus, recorded_split, \
@@ -130,6 +132,7 @@ class Sweep(SweepDir):
         self.shard, self.gpus = shard, gpus
         self.signals = SignalRelay()
         self.exit_codes: dict[str, int] = {}
+        self._launcher: PreloadedLauncher | None = None  # while run() trains: starts the CPU runs
 
     def check(self, on_disk: bool = True) -> None:
         """SweepDir.check, and the GPUs --gpus asks for: all refused before anything is written."""
@@ -167,7 +170,12 @@ class Sweep(SweepDir):
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.jobs)))
         if gpu is not None:  # the child sees only its own GPU, as cuda:0
             env["CUDA_VISIBLE_DEVICES"] = gpu
-        with open(os.path.join(self.root, "logs", run.name + ".log"), "a", encoding="utf-8") as log:
+        log_path = os.path.join(self.root, "logs", run.name + ".log")
+        if gpu is None and self._launcher is not None:  # a fork of a process that has imported torch
+            child = self._launcher.start(self._command(run)[2:], log_path, env)
+            with self.signals.watching(child):
+                return child.wait()
+        with open(log_path, "a", encoding="utf-8") as log:
             if gpu is not None:
                 log.write(f"[sweep] CUDA_VISIBLE_DEVICES={gpu}\n")
                 log.flush()
@@ -192,6 +200,8 @@ class Sweep(SweepDir):
         self.bind()
         slots = DeviceSlots(pinned_gpus(self.gpus, visible_gpus()), self.jobs)
         codes = self.exit_codes = {}  # train.py's exit code, by run, of the runs trained here
+        # the CPU runs fork a server that has imported torch where that is safe (launcher.py)
+        self._launcher = PreloadedLauncher() if launcher.available() else None
         with self.signals.installed(), tqdm(total=len(self.runs), desc="runs", unit="run", disable=not progress,
                                             dynamic_ncols=True) as bar:
             batch = self.mine()
