@@ -120,12 +120,6 @@ def split_sentence(tuning: str, reported: str) -> str:
     return f"LRs were tuned {tuned}; losses are reported on {shown}."
 
 
-def best_lr(rows_by_lr: dict) -> float | None:
-    """The learning rate whose run has the lowest finite loss; None if every run diverged."""
-    finite = {lr: run_loss(row) for lr, row in rows_by_lr.items() if math.isfinite(run_loss(row))}
-    return min(finite, key=finite.get) if finite else None
-
-
 def outcome_counts(rows: list[dict]) -> str:
     """e.g. "2 finished, 1 collapsed"."""
     counts = {s: sum(r["status"] == s for r in rows) for s in OUTCOMES}

@@ -26,18 +26,6 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
     return mean, t_ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
 
 
-def paired_difference(a: list[float], b: list[float]) -> tuple[float, float]:
-    """(mean of a_i - b_i, half-width of its 95% t-interval) for runs paired by seed."""
-    if len(a) != len(b):
-        raise ValueError(f"paired values must come in pairs, got {len(a)} and {len(b)}")
-    return mean_ci([x - y for x, y in zip(a, b)])
-
-
-def excludes_zero(mean: float, half_width: float) -> bool:
-    """True if the interval mean ± half_width lies entirely on one side of zero."""
-    return math.isfinite(half_width) and abs(mean) > half_width
-
-
 def lr_sensitivity(final_losses: dict[float, float], initial_loss: float) -> float:
     """Wortsman et al. 2023 (arXiv:2309.14322): over a grid of learning rates, the mean of
     min(loss(lr), initial loss) minus the best loss on the grid. A run that diverged (non-finite

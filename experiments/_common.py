@@ -15,6 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from babygpt.cli import run  # noqa: E402
+from babygpt.config import FIELDS  # noqa: E402
 from babygpt.errors import BabyGPTError, Interrupted, ShardDone, unknown_choice  # noqa: E402
 from babygpt.model import PLACEMENTS  # noqa: E402
 from babygpt.placements import PLACEMENTS as PLACEMENT_CLASSES  # noqa: E402
@@ -22,6 +23,7 @@ from babygpt.runtime import cpu_name, machine_label  # noqa: E402
 from babygpt.options import option, options_of, parse_into  # noqa: E402
 from babygpt.data import load_dataset  # noqa: E402
 from babygpt.files import write_atomic  # noqa: E402
+from babygpt.rundir import read_json  # noqa: E402
 from babygpt import outdir  # noqa: E402
 from babygpt.outdir import OutputDir  # noqa: E402
 from babygpt.scaleout import ScaleOutOptions  # noqa: E402
@@ -94,9 +96,11 @@ def parse(cls, argv: list[str], name: str, doc: str):
     return args
 
 
-def placements_option():
-    """The --placements option of the experiments that compare norm placements."""
-    return option("pre,post", "comma-separated norm placements to compare, among " + ",".join(PLACEMENTS))
+def placements_option(default: str):
+    """The --placements option of the experiments that place one norm_type's norms: its help lists
+    every registered placement placement_problems accepts (one that builds norm layers)."""
+    accepted = [pl for pl in PLACEMENTS if PLACEMENT_CLASSES[pl].uses_norm_type]
+    return option(default, "comma-separated norm placements, among " + ",".join(accepted))
 
 
 def placement_problems(text: str) -> list[str]:
@@ -434,3 +438,84 @@ def noting_replaced(fn):
             note = outdir.pending_note()
             raise Interrupted(e.signum, f"{e}; {note}" if note else str(e)) from None
     return command
+
+
+# ---------------------------------------------------------------- experiment 2's LRs, shared
+# Experiment 2's default-tier budget and LR helpers, and its record of tuned LRs, which experiments
+# 6 to 11 read to train each configuration at the LR experiment 2 tuned for it.
+# 400 iterations (not 500), evals every 100: the cost of ~20 runs per configuration (the LR search
+# on 2 seeds, then 5 evaluation seeds).
+EXP2_BUDGET = {"max_iters": 400, "eval_interval": 100}
+TUNED_FILE = "tuned_lrs.json"
+
+
+def config_path(name: str) -> str:
+    return os.path.join(ROOT, "config", name + ".py")
+
+
+def lr_overrides(lr: float) -> dict:
+    return {"learning_rate": lr, "min_lr": lr / 10}
+
+
+def floats(text: str) -> list[float]:
+    return [float(v) for v in text.split(",")]
+
+
+def lr_list_problems(text: str) -> list[str]:
+    """What is wrong with an --lrs list: empty, not comma-separated numbers, an LR twice (the grid
+    would silently have one point fewer), or an LR that train.py refuses (learning_rate's declared
+    range, checked here before any run starts)."""
+    try:
+        lrs = floats(text) if text.strip() else []
+    except ValueError:
+        return [f"--lrs takes comma-separated numbers, e.g. 1e-3,3e-3, got {text!r}"]
+    if not lrs:
+        return [f"--lrs takes comma-separated learning rates, e.g. 1e-3,3e-3, got {text!r}"]
+    problems = [p for p in (FIELDS["learning_rate"].valid.problem("--lrs", lr) for lr in lrs) if p]
+    twice = sorted({lr for lr in lrs if lrs.count(lr) > 1})
+    if twice:
+        problems.append(f"--lrs lists {', '.join(f'{lr:g}' for lr in twice)} more than once; give each LR once")
+    return problems
+
+
+def initial_loss(run_dir: str) -> float:
+    """The val loss a run measured at iteration 0, before any update."""
+    from babygpt.plot import load_run  # here: plotting loads matplotlib
+
+    rows = load_run(run_dir)["metrics"]
+    first = next((r for r in rows if r.get("iter") == 0 and r.get("val_loss") is not None), None)
+    if first is None:
+        raise BabyGPTError(f"{run_dir} has no evaluation at iteration 0; delete it and run the experiment again")
+    return first["val_loss"]
+
+
+def read_record(paths, configs) -> dict:
+    """{"tuned": {name: LR}, "second": {name: runner-up LR}} from default-tier output directories
+    (a path or a list; for each configuration, the first directory that tuned it)."""
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    records = []
+    for path in paths:
+        record = read_json(os.path.join(path, TUNED_FILE))
+        if record is None:
+            raise BabyGPTError(f"no {TUNED_FILE} in '{path}'; run the default tier first "
+                               f"(python experiments/exp2_norm_comparison.py with the same --configs) or pass --tuned_from DIR")
+        records.append(tuple(record.get(key) if isinstance(record.get(key), dict) else {}
+                             for key in ("tuned", "second")))
+    tuned, second = {}, {}
+    for name in configs:
+        found = next(((t, s) for t, s in records if isinstance(t.get(name, ""), (int, float, type(None)))), None)
+        if found is not None:
+            tuned[name] = found[0][name]
+            if isinstance(found[1].get(name), (int, float)):
+                second[name] = found[1][name]
+    missing = [name for name in configs if name not in tuned]
+    if missing:
+        where = ", ".join(f"{p}/{TUNED_FILE}" for p in paths)
+        raise BabyGPTError(f"{where} has no tuned LR for {', '.join(missing)}; run the default tier with these "
+                           f"configurations first")
+    return {"tuned": tuned, "second": second}
+
+
+def read_tuned(path: str, configs) -> dict:
+    """The tuned LR of each configuration from a default-tier output directory (None: all diverged)."""
+    return read_record(path, configs)["tuned"]

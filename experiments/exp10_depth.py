@@ -30,7 +30,7 @@ from babygpt.compare import run_loss
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, save
 from babygpt.sweep import Run
-from exp2_norm_comparison import config_path, lr_overrides
+from _common import config_path, lr_overrides
 
 NAME = "exp10_depth"
 CONFIGS = ("prenorm_rms", "postnorm_rms", "mixln_rms", "prenorm_rms_lns", "periln_rms", "deepnorm_ln")

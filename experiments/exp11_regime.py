@@ -44,7 +44,7 @@ from babygpt.ngram import label, strongest
 from babygpt.plot import new_figure, save_log_x
 from babygpt.sweep import Run
 from babygpt.tuning import ranked, search_all
-from exp2_norm_comparison import config_path, lr_overrides
+from _common import config_path, lr_overrides
 
 NAME = "exp11_regime"
 BASELINE = "prenorm_rms"

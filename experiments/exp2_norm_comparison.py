@@ -50,34 +50,27 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 import _common
+from _common import (EXP2_BUDGET, TUNED_FILE, config_path, floats, initial_loss, lr_list_problems,  # noqa: F401
+                     lr_overrides, read_record, read_tuned)
 
-from babygpt.config import FIELDS
 from babygpt.compare import EQUIVALENCE_MARGIN, MIN_PAIRS_FOR_VERDICT, compare_table, floor_interval, \
     leave_one_seed_out, loss_split, mean_interval, outcome_counts, split_sentence, tuning_loss, verdict_loss
 from babygpt.errors import BabyGPTError
 from babygpt.ngram import label, strongest
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, reference_lines, save, save_log_x
-from babygpt.rundir import read_json, write_json
+from babygpt.rundir import write_json
 from babygpt.stats import lr_sensitivity
 from babygpt.sweep import Run, Sweep
 from babygpt.tuning import HALF_DECADE, MAX_EXTENSIONS, ranked, search_all, snap_half_decade
 
 NAME = "exp2_norm_comparison"
-# 400 iterations (not 500), evals every 100: the cost of ~20 runs per configuration (the LR search
-# on 2 seeds, then 5 evaluation seeds).
-EXP2_BUDGET = {"max_iters": 400, "eval_interval": 100}
 CORE = ("prenorm_rms", "prenorm_ln", "postnorm_ln", "prenorm_none")
 GRID = {"quick": "3e-3,3e-2", "default": "3e-4,1e-3,3e-3,1e-2,3e-2"}
 TUNE_SEEDS = {"quick": 2, "default": 2, "full": 2, "beyond": 2}
 SEEDS = {"quick": 2, "default": 5, "full": 5, "beyond": 5}
 EXTENSIONS = {"quick": 0, "default": MAX_EXTENSIONS, "full": MAX_EXTENSIONS, "beyond": MAX_EXTENSIONS}
 CENTRED = ("full", "beyond")  # the tiers whose search starts around another tier's tuned LRs
-TUNED_FILE = "tuned_lrs.json"
-
-
-def config_path(name: str) -> str:
-    return os.path.join(_common.ROOT, "config", name + ".py")
 
 
 def config_name(path: str) -> str:
@@ -89,31 +82,6 @@ def centered_grid(lr: float) -> list[float]:
     beyond tiers' searches start for a configuration an earlier tier tuned to ``lr``."""
     centre = snap_half_decade(lr)
     return sorted({snap_half_decade(centre / HALF_DECADE), centre, snap_half_decade(centre * HALF_DECADE)})
-
-
-def lr_overrides(lr: float) -> dict:
-    return {"learning_rate": lr, "min_lr": lr / 10}
-
-
-def floats(text: str) -> list[float]:
-    return [float(v) for v in text.split(",")]
-
-
-def lr_list_problems(text: str) -> list[str]:
-    """What is wrong with an --lrs list: empty, not comma-separated numbers, an LR twice (the grid
-    would silently have one point fewer), or an LR that train.py refuses (learning_rate's declared
-    range, checked here before any run starts)."""
-    try:
-        lrs = floats(text) if text.strip() else []
-    except ValueError:
-        return [f"--lrs takes comma-separated numbers, e.g. 1e-3,3e-3, got {text!r}"]
-    if not lrs:
-        return [f"--lrs takes comma-separated learning rates, e.g. 1e-3,3e-3, got {text!r}"]
-    problems = [p for p in (FIELDS["learning_rate"].valid.problem("--lrs", lr) for lr in lrs) if p]
-    twice = sorted({lr for lr in lrs if lrs.count(lr) > 1})
-    if twice:
-        problems.append(f"--lrs lists {', '.join(f'{lr:g}' for lr in twice)} more than once; give each LR once")
-    return problems
 
 
 @dataclass
@@ -375,15 +343,6 @@ def verdict_losses(runs: dict, rows: dict, unigram: float | None) -> dict:
 
 # ---------------------------------------------------------------- reading the runs
 
-def initial_loss(run_dir: str) -> float:
-    """The val loss a run measured at iteration 0, before any update."""
-    rows = load_run(run_dir)["metrics"]
-    first = next((r for r in rows if r.get("iter") == 0 and r.get("val_loss") is not None), None)
-    if first is None:
-        raise BabyGPTError(f"{run_dir} has no evaluation at iteration 0; delete it and run the experiment again")
-    return first["val_loss"]
-
-
 def sensitivity(grid: list, means: dict, initial: float, trained: bool) -> float | None:
     """Wortsman et al.'s LR sensitivity over the half-decade grid, from the mean loss over the tuning
     seeds; None if no LR ``trained`` (every run collapsed or diverged), where the measure says
@@ -391,38 +350,6 @@ def sensitivity(grid: list, means: dict, initial: float, trained: bool) -> float
     if not trained:
         return None
     return lr_sensitivity({lr: means[lr] for lr in grid if lr in means}, initial)
-
-
-def read_record(paths, configs) -> dict:
-    """{"tuned": {name: LR}, "second": {name: runner-up LR}} from default-tier output directories
-    (a path or a list; for each configuration, the first directory that tuned it)."""
-    paths = [paths] if isinstance(paths, str) else list(paths)
-    records = []
-    for path in paths:
-        record = read_json(os.path.join(path, TUNED_FILE))
-        if record is None:
-            raise BabyGPTError(f"no {TUNED_FILE} in '{path}'; run the default tier first "
-                               f"(python experiments/{NAME}.py with the same --configs) or pass --tuned_from DIR")
-        records.append(tuple(record.get(key) if isinstance(record.get(key), dict) else {}
-                             for key in ("tuned", "second")))
-    tuned, second = {}, {}
-    for name in configs:
-        found = next(((t, s) for t, s in records if isinstance(t.get(name, ""), (int, float, type(None)))), None)
-        if found is not None:
-            tuned[name] = found[0][name]
-            if isinstance(found[1].get(name), (int, float)):
-                second[name] = found[1][name]
-    missing = [name for name in configs if name not in tuned]
-    if missing:
-        where = ", ".join(f"{p}/{TUNED_FILE}" for p in paths)
-        raise BabyGPTError(f"{where} has no tuned LR for {', '.join(missing)}; run the default tier with these "
-                           f"configurations first")
-    return {"tuned": tuned, "second": second}
-
-
-def read_tuned(path: str, configs) -> dict:
-    """The tuned LR of each configuration from a default-tier output directory (None: all diverged)."""
-    return read_record(path, configs)["tuned"]
 
 
 # ---------------------------------------------------------------- tables

@@ -67,7 +67,7 @@ class Exp3Options(_common.TrainingOptions):
     warmups: Optional[str] = option(None, "comma-separated warmup_iters values (none: the tier's)")
     inits: Optional[str] = option(None, "comma-separated inits among " + ",".join(INITS) + " (none: the tier's)")
     seeds: Optional[int] = option(None, "seeds per cell, 0..N-1 (none: the tier's)")
-    placements: str = option("pre,post,deepnorm", "comma-separated norm placements, among pre,post,sandwich,deepnorm")
+    placements: str = _common.placements_option("pre,post,deepnorm")
     norm_type: str = option("layernorm", "the norm of every run")
 
     def problems(self) -> list[str]:

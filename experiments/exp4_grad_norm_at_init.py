@@ -100,7 +100,7 @@ def loglog_slope(xs: list[float], ys: list[float]) -> float:
 
 @dataclass
 class Exp4Options(_common.DataOptions):
-    placements: str = option("pre,post,deepnorm", "comma-separated norm placements, among pre,post,sandwich,deepnorm")
+    placements: str = _common.placements_option("pre,post,deepnorm")
     depths: Optional[str] = option(None, "comma-separated n_layer values (none: 2,4,6,12,24; quick 2,4)")
     inits: str = option(",".join(INITS), "comma-separated inits among " + ",".join(INITS))
 
@@ -120,6 +120,11 @@ def depth_ticks(ax, depths) -> None:
     ax.minorticks_off()
 
 
+def colours(placements) -> list[str]:
+    """One colour per placement (an init is a line style), from matplotlib's cycle: C0..C9, then again."""
+    return [f"C{i % 10}" for i in range(len(placements))]
+
+
 def plot_gradients(norms: dict, inits, placements, depths, path: str) -> None:
     """Per init: each layer's FFN gradient norm at the largest depth; then the last layer's against depth."""
     fig, axes = new_figure(1, len(inits) + 1, figsize=(5.2 * (len(inits) + 1), 4.2), squeeze=False)
@@ -131,7 +136,7 @@ def plot_gradients(norms: dict, inits, placements, depths, path: str) -> None:
                title=f"FFN gradient per layer, {deepest} layers, {init} init")
     ax = axes[0][-1]
     for init, style in zip(inits, ("o--", "s-")):
-        for colour, pl in zip(("C0", "C1", "C2", "C3"), placements):
+        for colour, pl in zip(colours(placements), placements):
             ax.plot(depths, [norms[init, pl, d][-1] for d in depths], style, color=colour, label=f"{pl}, {init}")
     anchor = norms[inits[-1], placements[0], depths[0]][-1]
     ax.plot(depths, [anchor * math.sqrt(depths[0] / d) for d in depths], ":", color="grey", label="∝ 1/sqrt(L)")
@@ -147,7 +152,7 @@ def plot_gradients(norms: dict, inits, placements, depths, path: str) -> None:
 def plot_amplification(change: dict, inits, placements, depths, path: str) -> None:
     fig, ax = new_figure(figsize=(6, 4.5))
     for init, style in zip(inits, ("o--", "s-")):
-        for colour, pl in zip(("C0", "C1", "C2", "C3"), placements):
+        for colour, pl in zip(colours(placements), placements):
             ax.plot(depths, [change[init, pl, d] for d in depths], style, color=colour, label=f"{pl}, {init}")
     ax.set(xlabel="number of layers N", ylabel="E|F(W*) - F(W)|^2 per element", xscale="log", yscale="log",
            title=f"output change after one update of size {PROBE_LR:g}")

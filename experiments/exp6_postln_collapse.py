@@ -37,7 +37,7 @@ from babygpt.options import option
 from babygpt.plot import load_run, new_figure, save
 from babygpt.rundir import read_json
 from babygpt.sweep import Run
-from exp2_norm_comparison import EXP2_BUDGET, floats, lr_list_problems
+from _common import EXP2_BUDGET, floats, lr_list_problems
 
 LRS = "3e-3,1e-2"  # where the baseline collapses, and past it
 SETUP = {"norm_placement": "post", "norm_type": "layernorm"}

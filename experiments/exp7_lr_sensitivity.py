@@ -37,7 +37,7 @@ from babygpt.options import option
 from babygpt.plot import load_run, new_figure, reference_lines, save
 from babygpt.stats import lr_sensitivity
 from babygpt.sweep import Run
-from exp2_norm_comparison import floats, initial_loss, lr_overrides
+from _common import floats, initial_loss, lr_overrides
 
 NAME = "exp7_lr_sensitivity"
 Z_LOSS = 1e-4  # Wortsman et al.'s (and PaLM's) coefficient

@@ -27,7 +27,7 @@ from babygpt.errors import BabyGPTError
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, save
 from babygpt.sweep import DONE, Run
-from exp2_norm_comparison import EXP2_BUDGET, config_path, lr_overrides, read_tuned
+from _common import EXP2_BUDGET, config_path, lr_overrides, read_tuned
 
 NAME = "exp8_dyt_saturation"
 CONFIGS = ("prenorm_dyt", "prenorm_dyt_paper")

@@ -36,7 +36,7 @@ from babygpt.options import option
 from babygpt.plot import load_run, new_figure, save
 from babygpt.sampling import load_model
 from babygpt.sweep import Run
-from exp2_norm_comparison import EXP2_BUDGET, config_path, floats, lr_overrides
+from _common import EXP2_BUDGET, config_path, floats, lr_overrides
 
 NAME = "exp9_fp16_overflow"
 FP16_SQUARE_LIMIT = math.sqrt(torch.finfo(torch.float16).max)  # 255.9: beyond it x^2 is inf in float16

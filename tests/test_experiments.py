@@ -31,6 +31,39 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.parametrize("script", ["exp3_prenorm_vs_postnorm", "exp4_grad_norm_at_init"])
+def test_the_placements_help_lists_every_placement_the_option_accepts(monkeypatch, script):
+    """Generated from the registry: a new placement that places norms shows up by itself."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import importlib
+
+    import _common
+    from babygpt.placements import PLACEMENTS
+
+    options = next(v for k, v in vars(importlib.import_module(script)).items() if k.endswith("Options"))
+    help_text = options.__dataclass_fields__["placements"].metadata["help"]
+    listed = help_text.split("among ")[1].split(",")
+    accepted = [pl for pl in PLACEMENTS if not _common.placement_problems(pl)]
+    assert listed == accepted and {"parallel", "prepost", "sandwich"} <= set(listed)
+
+
+def test_exp4_plots_every_placement_it_is_given_in_a_colour_of_its_own(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp4_grad_norm_at_init as exp4
+    from babygpt.placements import PLACEMENTS
+
+    placements, inits, depths = list(PLACEMENTS), ["gpt2", "xavier"], [2, 4]
+    change = {(i, pl, d): 1.0 + k for k, (i, pl, d) in enumerate(
+        (i, pl, d) for i in inits for pl in placements for d in depths)}
+    drawn = []
+    monkeypatch.setattr(exp4, "save", lambda fig, path: drawn.extend(fig.axes[0].get_lines()))
+    exp4.plot_amplification(change, inits, placements, depths, str(tmp_path / "a.png"))
+    labels = [line.get_label() for line in drawn]
+    assert labels == [f"{pl}, {i}" for i in inits for pl in placements]
+    first = {line.get_label().split(",")[0]: line.get_color() for line in drawn[:len(placements)]}
+    assert len(set(first.values())) == min(len(placements), 10)
+
+
 def test_experiment_options_are_checked_before_anything_runs(monkeypatch):
     """The experiments share babygpt.options' command line; their own checks report together."""
     monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))

@@ -489,8 +489,9 @@ def test_a_norm_switch_is_refused_where_the_norm_is_the_identity(norm_type, swit
 
 
 def test_without_the_switch_norm_type_none_is_fine():
-    GPTConfig(norm_type="none", emb_norm=False, final_norm=None)
-    build_config({"norm_type": "none", "device": "cpu"})
+    assert GPTConfig(norm_type="none", emb_norm=False, final_norm=None).norm_type == "none"
+    cfg, problems = build_config({"norm_type": "none", "device": "cpu"})
+    assert problems == [] and cfg.model.norm_type == "none"
 
 
 def test_sample_refuses_a_checkpoint_with_nonfinite_weights(tmp_path, capsys):

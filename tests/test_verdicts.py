@@ -14,7 +14,7 @@ import pytest
 from babygpt.compare import (EQUIVALENCE_MARGIN, compare_table, count_cell, leave_one_seed_out, loss_split,
                              reported_loss, run_loss, split_sentence, tuning_loss, verdict_loss)
 from babygpt.errors import BabyGPTError
-from babygpt.stats import (MAX_PAIRS, PairedTest, excludes_zero, pairs_for_difference, pairs_for_equivalence,
+from babygpt.stats import (MAX_PAIRS, PairedTest, pairs_for_difference, pairs_for_equivalence,
                            t_ppf)
 from conftest import ROOT
 
@@ -67,6 +67,11 @@ def random_table(rng: random.Random) -> dict:
         effect, noise = rng.choice([0.0, 0.005, 0.01, 0.02, 0.05, -0.02]), rng.choice([0.005, 0.01, 0.02])
         table[f"c{i}"] = [b + effect + rng.gauss(0, noise) for b in base]
     return table
+
+
+def excludes_zero(mean: float, half_width: float) -> bool:
+    """The interval mean ± half_width lies entirely on one side of zero."""
+    return math.isfinite(half_width) and abs(mean) > half_width
 
 
 def test_no_interval_excludes_zero_beside_an_inconclusive_verdict():
