@@ -14,7 +14,8 @@ sqrt(C) in forward (``GPT.emb_scale``), so the stream starts at RMS about sqrt(1
 factor. The embeddings follow fairseq's transformer (token and learned position embeddings
 N(0, 1/C), only the token ones scaled by sqrt(C)).
 
-DeepNorm (Wang et al. 2022, arXiv:2203.00555, Figure 2's pseudocode) initialises the FFN weights
+DeepNorm (Wang et al. 2022, arXiv:2203.00555, Figure 2's pseudocode; drawn by its placement's
+``init_block`` in placements.py) initialises the FFN weights
 and the attention value and output projections with Xavier-normal of gain beta = (8N)^(-1/4), the
 query and key projections with gain 1, and drops the depth factor (beta already is the depth
 scaling). Under ``xavier`` that is done exactly; under ``gpt2``, whose base is N(0, 0.02) rather
@@ -90,10 +91,9 @@ def init_weights(model: nn.Module) -> None:
 
 def _init_by_parts(model: nn.Module) -> None:
     parts = init_parts(model.config)
-    deepnorm = model.config.norm_placement == "deepnorm"
     if parts.linear == "xavier":
         _init_xavier(model)  # embeddings "unit", no depth factor
-        if parts.depth_factor and not deepnorm:
+        if parts.depth_factor and not model.config.placement_class.owns_depth_init:
             _scale_residual_projections(model)
         if parts.embedding == "small":
             _init_embeddings(model, std=0.02)
@@ -167,13 +167,11 @@ def _init_gpt2(model: nn.Module, depth_factor: bool = True) -> None:
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
-    N = model.config.n_layer
+    N, placement = model.config.n_layer, model.config.placement_class
     for block in model.blocks:
-        if model.config.norm_placement == "deepnorm":
-            attn = attention_matrices(block)
-            for w in (*_ffn_matrices(block), attn["o"], attn["v"]):
-                nn.init.normal_(w, mean=0.0, std=0.02 * (8 * N) ** -0.25)
-        elif depth_factor:  # re-drawn, not rescaled: the preset's random numbers stay as they always were
+        if placement.init_block("gpt2", N, attention_matrices(block), _ffn_matrices(block)):
+            continue
+        if depth_factor:  # re-drawn, not rescaled: the preset's random numbers stay as they always were
             nn.init.normal_(block.sa.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * N))
             nn.init.normal_(block.ffwd.proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * N))
 
@@ -184,16 +182,10 @@ def _init_xavier(model: nn.Module) -> None:
             nn.init.xavier_uniform_(module.weight)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
-    C, N = model.config.n_embd, model.config.n_layer
+    C, N, placement = model.config.n_embd, model.config.n_layer, model.config.placement_class
     for block in model.blocks:
         attn = attention_matrices(block)
-        if model.config.norm_placement == "deepnorm":
-            beta = (8 * N) ** -0.25
-            for w in (*_ffn_matrices(block), attn["v"], attn["o"]):
-                nn.init.xavier_normal_(w, gain=beta)
-            for w in (attn["q"], attn["k"]):
-                nn.init.xavier_normal_(w, gain=1.0)
-        else:
+        if not placement.init_block("xavier", N, attn, _ffn_matrices(block)):
             for w in (attn["q"], attn["k"], attn["v"]):
                 nn.init.xavier_uniform_(w)
     # Last: the tied LM head, a Linear, was given Xavier above.

@@ -20,7 +20,7 @@ from .errors import Checked, unknown_choice
 from .init import init_parts, init_weights
 from .norms import ALPHA_INIT_RANGE, EPS_RANGE, NORMS, Norm, NormOptions, norm_class, qk_norm_refusal
 from .options import Range, float_problems, option
-from .placements import PLACEMENTS as PLACEMENT_CLASSES
+from .placements import DEFAULT as DEFAULT_PLACEMENT, PLACEMENTS as PLACEMENT_CLASSES
 from .placements import Gate, Scale, make_norm, sphere
 
 PLACEMENTS = tuple(PLACEMENT_CLASSES)  # norm_placement's choices (babygpt/placements.py)
@@ -48,7 +48,7 @@ class GPTConfig(Checked):
     dropout: float = option(0.0, "dropout probability", valid=Range(0, 1, high_open=True))
     bias: bool = option(True, "biases in Linear layers, and beta in LayerNorm, DyT and BatchNorm")
     norm_type: str = option("rmsnorm", "one of: " + ", ".join(NORMS))
-    norm_placement: str = option("pre", "one of: " + ", ".join(PLACEMENTS))
+    norm_placement: str = option(DEFAULT_PLACEMENT, "one of: " + ", ".join(PLACEMENTS))
     norm_eps: float = option(1e-5, "epsilon inside every norm", valid=EPS_RANGE)
     final_norm: Optional[bool] = option(
         None, "norm before the LM head; none = as the placement declares it (off for post, deepnorm and admin, "
@@ -151,15 +151,8 @@ class GPTConfig(Checked):
                 problems.append(unknown_choice(name, getattr(self, name), choices))
         if self.residual_gate not in RESIDUAL_GATES:
             problems.append(unknown_choice("residual_gate", self.residual_gate, RESIDUAL_GATES))
-        elif self.residual_gate != "none" and self.norm_placement != "pre":
-            problems.append(f"residual_gate {self.residual_gate} applies to norm_placement pre only (it scales what "
-                            f"a sublayer adds to the stream), got {self.norm_placement!r}")
-        if self.ln_scaling and self.norm_placement != "pre":
-            problems.append(f"ln_scaling applies to norm_placement pre only (LayerNorm Scaling scales the "
-                            f"Pre-LN norms), got norm_placement {self.norm_placement!r}; set ln_scaling false")
-        if self.init_depth_factor is not None and self.norm_placement == "deepnorm":
-            problems.append("init_depth_factor does not apply to norm_placement deepnorm (its beta gains are its "
-                            "depth scaling); leave init_depth_factor unset")
+        elif self.placement_class is not None:
+            problems += self.placement_class.config_problems(self)
         # The norm options are fields here, checked above by the same declared ranges: each problem once.
         problems += [p for p in self.norm_options().problems(self.norm_type if self.norm_type in NORMS else None)
                      if p not in problems]

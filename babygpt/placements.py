@@ -16,8 +16,9 @@ dropped vector and undo that, so it never comes before a norm on the same branch
 To add a placement: a subclass here with its diagram, one line in ``PLACEMENTS``, and its formula
 in tests/test_model.py's ``test_block_residual_paths``; the placement x norm grid of the tests
 picks it up. What the rest of the model needs to know about a placement is declared on its class
-(``final_norm``, ``normalizes_qkv``, ``on_sphere``, ``uses_norm_type``, ``profiles``), never read
-from its name.
+(``final_norm``, ``normalizes_qkv``, ``on_sphere``, ``uses_norm_type``, ``profiles``,
+``gates_sublayers``, ``owns_depth_init``), never read from its name; it checks what it cannot be
+combined with (``config_problems``) and draws its own init where it has one (``init_block``).
 """
 
 from __future__ import annotations
@@ -101,6 +102,9 @@ class Placement:
     on_sphere: ClassVar[bool] = False  # is the stream kept on the unit sphere (nGPT): see NGPT
     uses_norm_type: ClassVar[bool] = True  # does it build norm layers of norm_type (nGPT has none)
     profiles: ClassVar[bool] = False  # does it set its init from a forward pass (Admin's omega): see profile
+    # Pre-LN's forms that residual_gate and ln_scaling scale (a sublayer's addition, the input norms)
+    gates_sublayers: ClassVar[bool] = False
+    owns_depth_init: ClassVar[bool] = False  # does it scale its init with depth itself (init_block)
 
     def for_block(self, cfg, index: int) -> "Placement":
         """The placement block ``index`` (0 first) gets; itself unless it varies with depth."""
@@ -119,6 +123,26 @@ class Placement:
         """A profiling forward (Admin): (output, the running omega for the next block). Others
         only run the block."""
         return block(x), omega
+
+    def init_block(self, linear: str, n_layer: int, attn: dict, ffn: tuple) -> bool:
+        """Draw a block's matrices this placement's own way after init.py's first pass (``linear``:
+        "gpt2" or "xavier"; ``attn``: {"q", "k", "v", "o"} weights, ``ffn``: the MLP's weights).
+        False: it has no way of its own, and init.py's depth rule applies."""
+        return False
+
+    def config_problems(self, cfg) -> list[str]:
+        """What this placement cannot be combined with in ``cfg`` (a GPTConfig)."""
+        problems = []
+        if not self.gates_sublayers and cfg.residual_gate != "none":
+            problems.append(f"residual_gate {cfg.residual_gate} applies to norm_placement pre only (it scales what "
+                            f"a sublayer adds to the stream), got {cfg.norm_placement!r}")
+        if not self.gates_sublayers and cfg.ln_scaling:
+            problems.append(f"ln_scaling applies to norm_placement pre only (LayerNorm Scaling scales the "
+                            f"Pre-LN norms), got norm_placement {cfg.norm_placement!r}; set ln_scaling false")
+        if self.owns_depth_init and cfg.init_depth_factor is not None:
+            problems.append(f"init_depth_factor does not apply to norm_placement {cfg.norm_placement} (its own "
+                            f"init scales with depth); leave init_depth_factor unset")
+        return problems
 
 
 class PreLN(Placement):
@@ -149,6 +173,7 @@ class PreLN(Placement):
     """
 
     name = "pre"
+    gates_sublayers = True
 
     def build(self, block, cfg, index):
         # LayerNorm Scaling's factor on ln1's and ln2's outputs: 1/sqrt(l), l = index + 1; 1 otherwise.
@@ -196,16 +221,32 @@ class DeepNorm(PostLN):
     """DeepNorm (DeepNet, Wang et al. 2022, arXiv:2203.00555) is Post-LN with the residual
     up-weighted by the paper's alpha (``residual_scale`` here, not to be confused with DyT's
     alpha) = (2N)^(1/4), N = n_layer (the decoder-only value), so each update is small relative to
-    the stream; ``ln_f`` is off as for Post-LN, and its beta init is in babygpt/init.py::
+    the stream; ``ln_f`` is off as for Post-LN, and its beta init is ``init_block`` below::
 
         x ──┬─► ×α ───────────────► (+) ─► ln1 ──┬─► ×α ─────────────────► (+) ─► ln2 ──►
             └─► sa ─► drop ─────────┘            └─► ffwd ─► drop ─────────┘
     """
 
     name = "deepnorm"
+    owns_depth_init = True
 
     def residual_scale(self, cfg) -> float:
         return (2 * cfg.n_layer) ** 0.25
+
+    def init_block(self, linear: str, n_layer: int, attn: dict, ffn: tuple) -> bool:
+        """The paper's beta = (8N)^(-1/4) on the MLP's matrices and attention's v and o (its Figure 2;
+        torchscale's ``deepnorm`` init): GPT-2's N(0, 0.02^2) times beta, or Xavier normal with gain
+        beta, q and k Xavier normal with gain 1."""
+        beta = (8 * n_layer) ** -0.25
+        if linear == "gpt2":
+            for w in (*ffn, attn["o"], attn["v"]):
+                nn.init.normal_(w, mean=0.0, std=0.02 * beta)
+            return True
+        for w in (*ffn, attn["v"], attn["o"]):
+            nn.init.xavier_normal_(w, gain=beta)
+        for w in (attn["q"], attn["k"]):
+            nn.init.xavier_normal_(w, gain=1.0)
+        return True
 
 
 class Admin(PostLN):
@@ -491,4 +532,5 @@ class NGPT(Placement):
 PLACEMENTS: dict[str, Placement] = {p.name: p for p in (
     PreLN(), PostLN(), Sandwich(), DeepNorm(), MixLN(), OutputNorm(), HybridNorm(), HybridNormStar(), Admin(),
     NGPT(), PrePost(), Parallel())}
+DEFAULT = PreLN.name  # GPTConfig's norm_placement unless a config says otherwise
 HYBRID_FIRST = HybridNormFirst()  # not a choice of its own: HybridNorm*'s block 0
