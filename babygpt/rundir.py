@@ -27,6 +27,7 @@ import torch
 
 from .errors import BabyGPTError
 from .files import atomic_open, existing_ancestor, path_problem, user_error, write_atomic
+from .provenance import RUN_RECORD_FORMAT, source
 from .state import AT_END, summary_problems
 
 try:
@@ -176,9 +177,10 @@ def in_use_message(directory: str, pid: int) -> str:
 
 
 def run_record(config: dict, argv: list[str], device, num_params: int, world_size: int) -> dict:
-    """config.json of a new run: the resolved config, the command line, where it runs."""
-    record = {"config": config, "argv": argv, "device": str(device), "torch": torch.__version__,
-              "num_params": num_params, "resumes": []}
+    """config.json of a new run: the resolved config, the command line, where it runs and which code
+    (provenance.source: the git commit and whether the tree was dirty)."""
+    record = {"format": RUN_RECORD_FORMAT, "config": config, "argv": argv, "device": str(device),
+              "torch": torch.__version__, "source": source(), "num_params": num_params, "resumes": []}
     if world_size > 1:
         record["world_size"] = world_size
     return record
@@ -279,7 +281,7 @@ class RunDir:
         if resumed_at is not None:
             record = read_record(self.config) or {**info, "resumes": []}
             record.setdefault("resumes", []).append(
-                {"iter": resumed_at, "argv": info["argv"], "config": info["config"]})
+                {"iter": resumed_at, "argv": info["argv"], "config": info["config"], "source": info.get("source")})
         write_json(self.config, record)
 
     def metrics_rows(self) -> list[dict]:
