@@ -25,6 +25,7 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import sys
+import threading
 
 # What the server imports once: the trainer (torch with it) and what torch.optim would load later.
 PRELOAD = ["babygpt.cli", "babygpt.trainer", "torch._dynamo"]
@@ -78,6 +79,7 @@ def train_in_fork(argv: list[str], log_path: str, env: dict[str, str]) -> None:
 
 # The environment the running server started with (None: no server started here, or it was stopped).
 _server_env: dict[str, str] | None = None
+_STARTING = threading.Lock()  # one start at a time (PreloadedLauncher.start)
 
 
 def _stop_server() -> None:
@@ -99,14 +101,17 @@ class PreloadedLauncher:
         self._checked = False
 
     def start(self, argv: list[str], log_path: str, env: dict[str, str]) -> ForkedRun:
+        """Fork a run of ``argv``; a sweep's job threads call this at once, so one at a time: a
+        thread must not connect to the server while another stops or starts it."""
         global _server_env
-        if not self._checked:
-            if _server_env is not None and _server_env != dict(os.environ):
-                _stop_server()
-            if _server_env is None:
-                self._context.set_forkserver_preload(PRELOAD)
-                _server_env = dict(os.environ)
-            self._checked = True
-        process = self._context.Process(target=train_in_fork, args=(argv, log_path, env), daemon=False)
-        process.start()
+        with _STARTING:
+            if not self._checked:
+                if _server_env is not None and _server_env != dict(os.environ):
+                    _stop_server()
+                if _server_env is None:
+                    self._context.set_forkserver_preload(PRELOAD)
+                    _server_env = dict(os.environ)
+                self._checked = True
+            process = self._context.Process(target=train_in_fork, args=(argv, log_path, env), daemon=False)
+            process.start()
         return ForkedRun(process)

@@ -94,3 +94,17 @@ def test_no_placement_is_named_outside_placements_py():
             if isinstance(node, ast.Constant) and node.value in names:
                 found.append(f"{os.path.basename(path)}:{node.lineno} {node.value!r}")
     assert found == []
+
+
+def test_the_readmes_lists_of_norms_and_placements_are_the_registries():
+    """A norm or placement added to its registry and not to the README's lists fails here by name."""
+    import re
+
+    from babygpt.norms import NORMS
+    from babygpt.placements import PLACEMENTS
+
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    norms = re.search(r"`norm_type` is one of `([^`]+)`", text).group(1).split(", ")
+    placements = re.search(r"`norm_placement` one of `([^`]+)`", text).group(1).split(", ")
+    assert norms == list(NORMS)
+    assert placements == list(PLACEMENTS)
