@@ -108,3 +108,10 @@ def test_the_readmes_lists_of_norms_and_placements_are_the_registries():
     placements = re.search(r"`norm_placement` one of `([^`]+)`", text).group(1).split(", ")
     assert norms == list(NORMS)
     assert placements == list(PLACEMENTS)
+
+
+def test_the_front_page_stays_two_screens():
+    """The README is the front page: what it is, set-up, what to expect, sampling, an ablation, the
+    configs, the bottom line and links; the rest lives in docs/."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        assert len(f.read().splitlines()) <= 250

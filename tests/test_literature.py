@@ -1,4 +1,4 @@
-"""The 2019-2025 variants of issue 32 that came after Mix-LN, LayerNorm Scaling and the output norm:
+"""The 2019-2025 variants that came after Mix-LN, LayerNorm Scaling and the output norm:
 HybridNorm and HybridNorm* (placements), Admin (a placement whose init is profiled), SkipInit (a
 residual gate), and the two learnable forms of QK-norm's logit scale. Each against a hand-written
 reference of its formula; the placement x norm grid of test_model.py covers them too."""

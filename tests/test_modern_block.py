@@ -1,4 +1,4 @@
-"""The block of today's open models (issue 51), each switch against its formula written out by
+"""The block of today's open models, each switch against its formula written out by
 hand: RoPE, OLMo 2's width QK-norm, relu2 and SwiGLU, split q/k/v, zero-init projections, the
 residual lambdas, the soft-caps and QK-Clip; and with every switch off, today's model."""
 

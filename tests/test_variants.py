@@ -339,7 +339,7 @@ def test_variant_config_files_build_their_model(name, placement, norm, qk):
     assert torch.isfinite(GPT(model_cfg)(x, x)[1])
 
 
-# ------------------------------------------------------------------ issue 32: Mix-LN, LNS, output norm
+# ------------------------------------------------------------------ Mix-LN, LNS, output norm
 
 
 def _randomize_norms(model):
