@@ -199,3 +199,16 @@ SOURCES = docfigures.Sources(ROOT)  # the repository's committed results, read o
 def test_every_result_figure_of_the_committed_documents_has_a_committed_source(name):
     """Run python -m babygpt.doctables --check to see these with the rule's hint."""
     assert docfigures.unsourced_in_file(os.path.join(ROOT, name), ROOT, SOURCES) == []
+
+
+def test_each_generated_table_has_one_home():
+    """A table is generated into one page (docs/results.md holds every experiment's); other pages link
+    to it. The README's headline table is the one allowed copy."""
+    homes = {}
+    for name in doctables.DOCUMENTS:
+        with open(os.path.join(ROOT, name), encoding="utf-8") as f:
+            for match in doctables.BLOCK.finditer(f.read()):
+                homes.setdefault(f"{match.group('source')}#{match.group('key')}", []).append(name)
+    copies = {table: pages for table, pages in homes.items()
+              if len([p for p in pages if p != "README.md"]) > 1 or pages.count("README.md") > 1}
+    assert copies == {}
