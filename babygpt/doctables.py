@@ -12,7 +12,8 @@ and the table; everything between the two marker lines is generated:
     | configuration | ... |
     <!-- end generated -->
 
-    python -m babygpt.doctables            rewrite the blocks of README.md, docs/results.md and the lessons
+    python -m babygpt.doctables            rewrite the blocks of README.md, docs/results.md and the lessons,
+                                           and results/README.md, the index of every report
     python -m babygpt.doctables --check    exit 1, naming each block that differs from its report,
                                            each result figure of README.md, docs/*.md and
                                            docs/learn/*.md that no committed result file holds
@@ -34,6 +35,7 @@ from .docverdicts import verdict_problems_in_file
 from .errors import BabyGPTError
 from .files import write_atomic
 from .options import option, parse_into
+from .resultsindex import INDEX, index_text, stale_index
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The README, the results and the lessons of the learning path (docs/learn/NN-*.md).
@@ -122,11 +124,11 @@ class DocTablesOptions:
                                 "has no committed source")
 
 
-def check(table_paths: list[str], figure_paths: list[str]) -> int:
-    """--check: print each stale block, unsourced figure and unmarked or stale verdict to stderr; 1 if
-    there is any."""
+def check(table_paths: list[str], figure_paths: list[str], index: bool = False) -> int:
+    """--check: print each stale block (and, with ``index``, a stale results/README.md), unsourced
+    figure and unmarked or stale verdict to stderr; 1 if there is any."""
     sources = Sources(ROOT)
-    found = [report("stale", [s for p in table_paths for s in stale_blocks(p)],
+    found = [report("stale", [s for p in table_paths for s in stale_blocks(p)] + (stale_index(ROOT) if index else []),
                     "run python -m babygpt.doctables to regenerate them"),
              report("unsourced", [f for p in figure_paths for f in unsourced_in_file(p, ROOT, sources)],
                     "give each figure its committed source (a generated table, or a <!-- source: results/... --> "
@@ -164,13 +166,16 @@ def main(argv: list[str]) -> int:
                              f"docs/results.md and the lessons in docs/learn/ of the repository)" for p in missing])
     texts = {path: read_markdown(path) for path in dict.fromkeys(paths + (figure_paths if args.check else []))}
     if args.check:  # every file read above: a bad one is refused before any finding is printed
-        return check(paths, figure_paths)
+        return check(paths, figure_paths, index=not args.files)
     for path in paths:
         text = texts[path]
         new = render(text)  # every block, or an error before anything is written
         if new != text:
             write_atomic(path, new.encode("utf-8"))
             print(f"updated {path} ({len(blocks(text))} generated tables)")
+    if not args.files and stale_index(ROOT):
+        write_atomic(os.path.join(ROOT, INDEX), index_text(ROOT).encode("utf-8"))
+        print(f"updated {INDEX}")
     return 0
 
 

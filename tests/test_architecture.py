@@ -14,7 +14,7 @@ LAYERS = {  # docs/architecture.md's table, lowest first
     "training": ["config", "optim", "update", "distributed", "trainer", "sampling", "cli"],
     "study": ["sweepdir", "sweep", "launcher", "scaleout", "tuning", "compare", "compare_runs", "plot", "references",
               "outdir", "bench"],
-    "maintenance": ["doctables", "docfigures", "docverdicts"],
+    "maintenance": ["doctables", "docfigures", "docverdicts", "resultsindex"],
 }
 LEVEL = {module: level for level, modules in enumerate(LAYERS.values()) for module in modules}
 NAMES = list(LAYERS)

@@ -1,6 +1,7 @@
 """The README's and docs' result tables are generated from the reports, and cannot drift from them;
 every other result figure in them has a committed source (docfigures.py)."""
 
+import glob
 import os
 
 import pytest
@@ -213,3 +214,26 @@ def test_each_generated_table_has_one_home():
             for match in doctables.BLOCK.finditer(f.read()):
                 homes.setdefault(f"{match.group('source')}#{match.group('key')}", []).append(name)
     assert {table: pages for table, pages in homes.items() if len(pages) > 1} == {}
+
+
+def test_the_results_index_lists_every_report_with_its_command_and_is_current():
+    from babygpt.resultsindex import INDEX, index_text, stale_index
+
+    assert stale_index(ROOT) == [], "run python -m babygpt.doctables"
+    text = index_text(ROOT)
+    reports = glob.glob(os.path.join(ROOT, "results", "**", "report.md"), recursive=True)
+    assert len([line for line in text.splitlines() if line.startswith("| [")]) == len(reports) > 0
+    assert "| [full/exp2_gpt2](full/exp2_gpt2/report.md) | Normalization configurations compared | `tuned`, " in text
+    assert os.path.isfile(os.path.join(ROOT, INDEX))
+
+
+def test_a_stale_results_index_fails_the_check(tmp_path, monkeypatch):
+    from babygpt import resultsindex
+
+    (tmp_path / "results" / "x").mkdir(parents=True)
+    (tmp_path / "results" / "x" / "report.md").write_text("# A question\n\nCommand: `python a.py | tee b`\n\n"
+                                                           "<!-- table: t -->\n| a |\n|---|\n| 1 |\n")
+    assert resultsindex.stale_index(str(tmp_path)) == [resultsindex.INDEX]
+    (tmp_path / resultsindex.INDEX).write_text(resultsindex.index_text(str(tmp_path)))
+    assert resultsindex.stale_index(str(tmp_path)) == []
+    assert "| [x](x/report.md) | A question | `t` | `python a.py \\| tee b` |" in resultsindex.index_text(str(tmp_path))
