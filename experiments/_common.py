@@ -52,7 +52,9 @@ TIERS = {"quick": QUICK_BUDGET, "default": DEFAULT_BUDGET, "full": FULL_BUDGET, 
 class Options:
     """The options of every experiment; each script subclasses this with its own."""
 
-    quick: bool = option(False, "a tiny version that only checks the pipeline (writes to results/quick/)")
+    quick: bool = option(False, "a tiny version that only checks the pipeline (writes to out/quick/)")
+    publish: bool = option(False, "write the tier's directory under results/ (the committed records) instead of "
+                                  "out/: for results that are to be committed")
     out: Optional[str] = option(None, "output directory (default: results/<experiment>, "
                                       "results/<tier>/<experiment> for another tier)")
     overwrite: bool = option(False, "replace what --out holds even if it was made with other settings")
@@ -116,7 +118,7 @@ def placement_problems(text: str) -> list[str]:
 
 
 # Options that change where or how fast results are made, not what they are.
-NOT_SETTINGS = ("out", "overwrite", "jobs", "shard", "collect", "gpus")
+NOT_SETTINGS = ("out", "overwrite", "jobs", "shard", "collect", "gpus", "publish")
 
 
 def tier(args) -> str:
@@ -128,11 +130,13 @@ def tier(args) -> str:
 
 
 def output_path(args, name: str) -> str:
-    """--out, or the tier's own directory: the committed results/<name> belongs to the default
-    tier, and a quick check can never land there by accident."""
+    """--out, or the tier's own directory: out/<name> (out/<tier>/<name> for another tier), which git
+    ignores, so that no rerun rewrites the committed records; with --publish the same under results/,
+    where the default tier's committed results/<name> lives and a quick check can never land."""
     if args.out:
         return args.out
-    return os.path.join("results", name) if tier(args) == "default" else os.path.join("results", tier(args), name)
+    base = "results" if args.publish else "out"
+    return os.path.join(base, name) if tier(args) == "default" else os.path.join(base, tier(args), name)
 
 
 def settings(args, name: str) -> dict:

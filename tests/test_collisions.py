@@ -315,10 +315,13 @@ def exp_args(*argv):
     return _common.parse(Exp1Options, list(argv), "exp1_gradient_vanishing", "doc")
 
 
-def test_each_tier_has_its_own_default_directory():
-    assert _common.output_path(exp_args(), "exp1") == os.path.join("results", "exp1")
-    assert _common.output_path(exp_args("--quick"), "exp1") == os.path.join("results", "quick", "exp1")
+def test_each_tier_has_its_own_default_directory_under_out_unless_published():
+    assert _common.output_path(exp_args(), "exp1") == os.path.join("out", "exp1")
+    assert _common.output_path(exp_args("--quick"), "exp1") == os.path.join("out", "quick", "exp1")
+    assert _common.output_path(exp_args("--publish"), "exp1") == os.path.join("results", "exp1")
+    assert _common.output_path(exp_args("--quick", "--publish"), "exp1") == os.path.join("results", "quick", "exp1")
     assert _common.output_path(exp_args("--quick", "--out=mine"), "exp1") == "mine"
+    assert "publish" not in _common.settings(exp_args("--publish"), "exp1")  # where, not what
 
 
 def test_results_made_with_other_settings_are_refused_unless_overwrite(tmp_path):
@@ -432,8 +435,8 @@ def test_committed_results_record_their_settings():
 
 @pytest.mark.slow
 def test_quick_run_cannot_overwrite_committed_results(data_dir, tmp_path, monkeypatch, capsys):
-    """exp1 --quick from a checkout writes to results/quick/, and --out at a default-tier
-    directory is refused with exit 2 and no change."""
+    """exp1 --quick from a checkout writes to out/quick/, and --out at a default-tier directory is
+    refused with exit 2 and no change."""
     script = os.path.join(ROOT, "experiments", "exp1_gradient_vanishing.py")
     committed = tmp_path / "results" / "exp1_gradient_vanishing"
     committed.mkdir(parents=True)
@@ -443,16 +446,14 @@ def test_quick_run_cannot_overwrite_committed_results(data_dir, tmp_path, monkey
     quick = subprocess.run([sys.executable, script, "--quick"], cwd=tmp_path, capture_output=True, text=True,
                            timeout=300)
     assert quick.returncode == 0, quick.stderr
-    assert os.path.exists(tmp_path / "results" / "quick" / "exp1_gradient_vanishing" / "report.md")
+    assert os.path.exists(tmp_path / "out" / "quick" / "exp1_gradient_vanishing" / "report.md")
     # The refusal comes before anything is written: the script's main, in this process.
     from exp1_gradient_vanishing import main
 
     monkeypatch.chdir(tmp_path)
     assert_refused_in_process(_common.noting_replaced(main), ["--quick", f"--out={committed}"], capsys,
                               "made with other settings", "--overwrite")
-    after = files_of(tmp_path / "results")
-    quick_dir = str(tmp_path / "results" / "quick")
-    assert {p: b for p, b in after.items() if not p.startswith(quick_dir)} == before
+    assert files_of(tmp_path / "results") == before
 
 
 # ------------------------------------------------------------------ filesystem and memory

@@ -487,7 +487,9 @@ def test_exp2_beyond_tier_trains_the_frontiers_point_from_the_lrs_an_earlier_tie
     args = _common.parse(exp2.Exp2Options, ["--beyond", "--set=dtype=float32", "--tuned_from=" + str(tmp_path)],
                          "exp2", "doc")
     assert _common.tier(args) == "beyond"
-    assert _common.output_path(args, exp2.NAME) == os.path.join("results", "beyond", exp2.NAME)
+    assert _common.output_path(args, exp2.NAME) == os.path.join("out", "beyond", exp2.NAME)
+    published = _common.parse(exp2.Exp2Options, ["--beyond", "--publish", "--tuned_from=" + str(tmp_path)], "exp2", "doc")
+    assert _common.output_path(published, exp2.NAME) == os.path.join("results", "beyond", exp2.NAME)
     run = Run(exp2.lr_overrides(1e-3), 0, exp2.config_path("prenorm_rms"))
     assert _common.budget_args(args, {}, [run]) == ["--block_size=128", "--max_iters=4800",
                                                     f"--data_dir={args.data_dir}", "--dtype=float32"]
