@@ -95,7 +95,7 @@ def floors_line(runs: list[RunRecord]) -> str | None:
 
 NO_VERDICT = ("one run per configuration supports no verdict: seeds alone move the loss by a few hundredths. "
               "For a verdict (each configuration at its own tuned LR, 5 evaluation seeds, Holm-corrected "
-              "intervals): python experiments/exp2_norm_comparison.py --configs A.py,B.py --out results/mine")
+              "intervals): python experiments/exp2_norm_comparison.py --configs A.py,B.py --out out/mine")
 
 
 @dataclass
