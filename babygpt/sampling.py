@@ -79,6 +79,18 @@ def refuse_nonfinite_weights(model: GPT, path: str) -> None:
                                f"when it was saved; sample from the run's best.pt, or an earlier checkpoint")
 
 
+def refuse_nonfinite_logits(model: GPT, idx: torch.Tensor, path: str, dtype: str) -> None:
+    """Finite weights can still compute NaN or inf (a weight so large that the forward overflows, a
+    BatchNorm whose running variance went negative), and argmax or multinomial would still pick
+    tokens from it: the first step's logits are checked before any text is printed."""
+    with torch.inference_mode():
+        logits = model(idx[:, model.context_start(idx.shape[1]):])[0][:, -1, :]  # (1, V)
+    if not torch.isfinite(logits).all():
+        raise BabyGPTError(f"the model in '{path}' computes non-finite logits (NaN or inf) in {dtype} although its "
+                           f"weights are finite: its run had gone bad, or {dtype} overflows in it; sample from "
+                           f"the run's best.pt or an earlier checkpoint, or with --dtype float32")
+
+
 @contextlib.contextmanager
 def _damaged(path: str):
     """Report what a checkpoint's contents break as one error naming the file (running out of
@@ -139,6 +151,7 @@ def sample_cli(argv: list[str]) -> int:
     if not prompt:
         raise BabyGPTError("the prompt is empty; pass --start TEXT or --start FILE:path with some text")
     idx = torch.tensor([tok.encode(prompt)], dtype=torch.long, device=device)  # (1, T)
+    refuse_nonfinite_logits(model, idx, ckpt, args.dtype)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     out = sys.stdout
     samples = args.num_samples

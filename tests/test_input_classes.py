@@ -494,6 +494,28 @@ def test_without_the_switch_norm_type_none_is_fine():
     assert problems == [] and cfg.model.norm_type == "none"
 
 
+@pytest.mark.parametrize("damage", ["overflowing_weight", "negative_running_var"])
+def test_sample_refuses_a_model_whose_finite_weights_compute_nonfinite_logits(tmp_path, capsys, damage):
+    """Finite weights, NaN logits: sample.py printed text from them with exit 0; now one line naming
+    the checkpoint, exit 2, nothing printed to stdout."""
+    norm_type = "batchnorm" if damage == "negative_running_var" else "rmsnorm"
+    cfg = GPTConfig(vocab_size=3, block_size=8, n_layer=1, n_head=1, n_embd=8, norm_type=norm_type)
+    model = GPT(cfg)
+    with torch.no_grad():
+        if damage == "overflowing_weight":
+            model.blocks[0].ffwd.fc.weight.fill_(3e38)  # finite in float32; its sums overflow to inf, then inf - inf
+        else:
+            model.blocks[0].ln1.running_var.fill_(-1.0)  # sqrt of a negative variance: NaN
+    assert all(torch.isfinite(t).all() for t in model.state_dict().values() if t.is_floating_point())
+    path = str(tmp_path / "bad.pt")
+    save_checkpoint({"model": model.state_dict(), "model_config": dataclasses.asdict(cfg), "vocab": ["a", "b", "c"],
+                     "iter": 10}, path)
+    code = cli.run(cli.sample_main, [f"--ckpt={path}", "--device=cpu", "--max_new_tokens=5", "--start=ab"])
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert_user_error(err, code, "computes non-finite logits", "bad.pt")
+
+
 def test_sample_refuses_a_checkpoint_with_nonfinite_weights(tmp_path, capsys):
     """A NaN weight still samples text that looks ordinary: it is refused, naming the tensor."""
     from babygpt.checkpoint import load_checkpoint
