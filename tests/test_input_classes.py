@@ -530,3 +530,10 @@ def test_sample_refuses_a_checkpoint_with_nonfinite_weights(tmp_path, capsys):
     assert load_checkpoint(path)["iter"] == 10
     code = cli.run(cli.sample_main, [f"--ckpt={path}", "--device=cpu", "--max_new_tokens=5"])
     assert_user_error(capsys.readouterr().err, code, "non-finite weights", "blocks.0.ffwd")
+
+
+def test_qk_scale_learned_needs_two_positions_for_its_start_value():
+    """Its start value log2(T^2 - T) is undefined at block_size 1: refused, naming the fix."""
+    with pytest.raises(BabyGPTError, match=r"qk_scale learned starts at log2\(T\^2 - T\), which needs block_size >= 2, got 1"):
+        GPTConfig(qk_norm=True, qk_scale="learned", block_size=1)
+    assert GPTConfig(qk_norm=True, qk_scale="learned", block_size=2).block_size == 2
