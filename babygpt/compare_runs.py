@@ -18,6 +18,7 @@ from .files import output_file_problems
 from .ngram import label, strongest
 from .options import option, parse_into
 from .rundir import RunDir, latest_config, read_record, read_summary
+from .runstore import expand_runs, stored
 
 # Keys that say where or how a run ran, not what it is: never shown as a difference.
 NOT_COMPARED = ("out_dir", "init_from", "device", "compile", "log_interval", "eval_interval", "eval_iters")
@@ -41,18 +42,25 @@ class RunRecord:
 
 
 def read_run(path: str) -> RunRecord:
-    """The records of the run in ``path``; a directory that is not a run, or a damaged record,
-    is refused by name (a run with no summary yet is shown as such)."""
-    rundir = RunDir(path)
-    if not os.path.isdir(path) or not os.path.exists(rundir.config):
-        raise BabyGPTError(f"'{path}' is not a run directory (no config.json); pass the out_dir of a training run")
-    info = read_record(rundir.config, ("config",))
+    """The records of the run in ``path`` (a run directory, or ``<sweep>/runs/<name>`` of a run its
+    sweep stored); a path that is not a run, or a damaged record, is refused by name (a run with no
+    summary yet is shown as such)."""
+    record = stored(path)
+    if record is not None:
+        info, summary, rows = record["config"], record["summary"], record["metrics"]
+    else:
+        rundir = RunDir(path)
+        if not os.path.isdir(path) or not os.path.exists(rundir.config):
+            raise BabyGPTError(f"'{path}' is not a run directory (no config.json); pass the out_dir of a training "
+                               f"run")
+        info, summary, rows = read_record(rundir.config, ("config",)), read_summary(rundir.summary), \
+            rundir.metrics_rows()
     config = latest_config(info)
     if config is None:
-        raise BabyGPTError(f"{rundir.config} is damaged (no settings in its last start); restore it")
-    speeds = [r["tokens_per_s"] for r in rundir.metrics_rows() if isinstance(r.get("tokens_per_s"), (int, float))]
-    return RunRecord(path, config, info.get("num_params"), read_summary(rundir.summary),
-                     statistics.median(speeds) if speeds else None)
+        raise BabyGPTError(f"{os.path.join(path, 'config.json')} is damaged (no settings in its last start); "
+                           f"restore it")
+    speeds = [r["tokens_per_s"] for r in rows if isinstance(r.get("tokens_per_s"), (int, float))]
+    return RunRecord(path, config, info.get("num_params"), summary, statistics.median(speeds) if speeds else None)
 
 
 def differing_keys(runs: list[RunRecord]) -> list[str]:
@@ -102,21 +110,21 @@ NO_VERDICT = ("one run per configuration supports no verdict: seeds alone move t
 class CompareOptions:
     """python compare.py's command line."""
 
-    runs: list[str] = option(help="run directories (each an out_dir of train.py)", positional=True,
-                             metavar="RUN_DIR...")
+    runs: list[str] = option(help="run directories (each an out_dir of train.py), runs <sweep>/runs/<name>, or "
+                                  "sweep directories (all of their runs)", positional=True, metavar="RUN_DIR...")
     plot: Optional[str] = option(None, "also overlay the runs' loss curves in this image file (e.g. runs.png)")
 
     def problems(self) -> list[str]:
         from .plot import image_formats
 
-        problems = [] if len(self.runs) >= 2 else ["pass at least two run directories to compare"]
+        problems = [] if len(expand_runs(self.runs)) >= 2 else ["pass at least two run directories to compare"]
         return problems + (output_file_problems(self.plot, "--plot", image_formats()) if self.plot else [])
 
 
 def main(argv: list[str]) -> int:
     args = parse_into(CompareOptions, argv, "python compare.py RUN_DIR RUN_DIR... [--plot FILE]",
                       "Put finished runs side by side: what differs between them, their losses, their cost.")
-    runs = [read_run(path) for path in args.runs]
+    runs = [read_run(path) for path in expand_runs(args.runs)]
     print(table(runs))
     floors = floors_line(runs)
     if floors:

@@ -54,6 +54,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 from .errors import BabyGPTError
+from .runstore import STORE, stored_file, stored_files
 from .state import summary_problems
 
 REASONS = {
@@ -373,18 +374,20 @@ REFERENCE = re.compile(r"results/[\w.\-/]*[\w]")
 
 def committed_files(root: str) -> set[str]:
     """Repository-relative paths of the files git tracks under ``root`` (every file, outside a
-    git work tree: a test's temporary directory). A figure's source must be committed, or a
-    fresh clone could not check it."""
+    git work tree: a test's temporary directory), and of the files of the runs its sweeps' stores
+    hold whole (babygpt.runstore). A figure's source must be committed, or a fresh clone could not
+    check it."""
+    files = set()
     try:
         out = subprocess.run(["git", "-C", root, "ls-files", "-z"], capture_output=True, check=True)
         files = {p for p in out.stdout.decode("utf-8").split("\0")
                  if p and os.path.isfile(os.path.join(root, p))}  # tracked, and not deleted since
-        if files:
-            return files
     except (OSError, subprocess.CalledProcessError):
         pass
-    return {os.path.relpath(p, root).replace(os.sep, "/")
-            for p in glob.glob(os.path.join(root, "**", "*"), recursive=True) if os.path.isfile(p)}
+    if not files:
+        files = {os.path.relpath(p, root).replace(os.sep, "/")
+                 for p in glob.glob(os.path.join(root, "**", "*"), recursive=True) if os.path.isfile(p)}
+    return files | stored_files(root, [p for p in files if os.path.basename(p) == STORE])
 
 
 def check_summary(path: str, text: str) -> None:
@@ -408,19 +411,22 @@ class Sources:
 
     def results_files(self, under: str = RESULTS) -> list[str]:
         """Committed source files (report.md, *.csv, *.json, *.jsonl) at or below ``under``. The
-        records of single runs (``.../runs/<run>/``, committed so that a report can be made again
-        without training) hold thousands of numbers that would source almost any figure: they
+        records of single runs (``.../runs/<run>/``, kept whole in their sweep's runs.jsonl so that a
+        report can be made again without training) hold thousands of numbers that would source almost any figure: they
         count only where ``under`` itself names a run."""
         inside = f"/{RUNS_DIR}/" in f"/{under}/"
         return sorted(p for p in self.committed
                       if (p == under or p.startswith(under.rstrip("/") + "/")) and p.startswith(RESULTS + "/")
-                      and p.endswith(SOURCE_SUFFIXES) and (inside or f"/{RUNS_DIR}/" not in p))
+                      and p.endswith(SOURCE_SUFFIXES) and (inside or f"/{RUNS_DIR}/" not in p)
+                      and os.path.basename(p) != STORE)  # (a store's runs count as their own files)
 
     def numbers(self, path: str) -> tuple[list[float], list[float]]:
         """(sorted values, their precisions) of every number written in ``path``."""
         if path not in self._numbers:
-            with open(os.path.join(self.root, path), encoding="utf-8", errors="replace") as f:
-                text = f.read()
+            text = stored_file(os.path.join(self.root, path))
+            if text is None:
+                with open(os.path.join(self.root, path), encoding="utf-8", errors="replace") as f:
+                    text = f.read()
             if os.path.basename(path) == "summary.json":  # a run's record: only a whole one is a source
                 check_summary(path, text)
             pattern = SOURCE_NUMBER["md" if path.endswith(".md") else "data"]

@@ -19,17 +19,8 @@ from typing import Optional
 from .errors import BabyGPTError
 from .files import output_file_problems, write_atomic
 from .ngram import kn_order, label, strongest
-from .rundir import RunDir, read_record, read_summary
+from .runstore import expand_runs, load_run
 from .options import option, parse_into
-
-
-def load_run(run_dir: str) -> dict:
-    """metrics rows, summary (or {}) and the config.json of a run directory."""
-    rundir = RunDir(run_dir)
-    if not os.path.isfile(rundir.metrics):
-        raise BabyGPTError(f"no metrics.jsonl in '{run_dir}'; pass the out_dir of a training run")
-    return {"dir": run_dir, "metrics": rundir.metrics_rows(),
-            "summary": read_summary(rundir.summary) or {}, "info": read_record(rundir.config) or {}}
 
 
 def drawable_problem(run: dict, keys: tuple[str, ...]) -> str | None:
@@ -245,7 +236,8 @@ def save(fig, path: str) -> str:
 class PlotOptions:
     """python -m babygpt.plot's command line."""
 
-    runs: list[str] = option(help="run directories (each with metrics.jsonl)", positional=True, metavar="RUN_DIR...")
+    runs: list[str] = option(help="run directories (each with metrics.jsonl), runs <sweep>/runs/<name>, or sweep "
+                                  "directories (all of their runs)", positional=True, metavar="RUN_DIR...")
     out: str = option("runs.png", "image to write")
     no_train: bool = option(False, "only the eval val loss")
     diag: bool = option(False, "per-layer diagnostics of one run (diag_interval > 0)")
@@ -266,7 +258,7 @@ def image_formats() -> tuple[str, ...]:
 def main(argv: list[str]) -> int:
     args = parse_into(PlotOptions, argv, "python -m babygpt.plot RUN_DIR... [--out FILE] [--diag [--at 100,500]]",
                       "Overlay the loss curves of runs, or draw one run's per-layer diagnostics.")
-    runs = [load_run(d) for d in args.runs]
+    runs = [load_run(d) for d in expand_runs(args.runs)]
     if args.diag:
         if len(runs) != 1:
             raise BabyGPTError("--diag draws one run; pass a single run directory")

@@ -159,7 +159,9 @@ class Sweep(SweepDir):
             if self.status(run) in DONE:  # finished by another process since this one looked
                 return SKIPPED
             with slots.take() as gpu:
-                return self._spawn(run, gpu)
+                code = self._spawn(run, gpu)
+            self.pack(run)
+            return code
         finally:
             lock.release()
 
@@ -198,6 +200,7 @@ class Sweep(SweepDir):
         if self.shard is not None:
             hold_shard(self.root, self.shard)
         self.bind()
+        self.pack_finished()
         slots = DeviceSlots(pinned_gpus(self.gpus, visible_gpus()), self.jobs)
         codes = self.exit_codes = {}  # train.py's exit code, by run, of the runs trained here
         # the CPU runs fork a server that has imported torch where that is safe (launcher.py)
@@ -289,6 +292,7 @@ class Sweep(SweepDir):
                                f"(first: {missing[0].name}{owner}; {self._shard_states()}); run the shards that "
                                f"own them again, or this command without --collect to train them here")
         self.check_made_alike()
+        self.pack_finished()
         rows = [self.result(r, None) for r in self.runs]
         self.write_csv(rows)
         return rows

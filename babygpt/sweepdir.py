@@ -1,8 +1,9 @@
 """A sweep's directory: its runs, what each was asked to be, and what each left on disk.
 
-``<root>/runs/<name>`` is a run's ``out_dir`` and ``<root>/logs/<name>.log`` its log; a run whose
-``summary.json`` says it is over (state.ENDED: finished, collapsed, skipped_out, diverged) is done.
-``results.csv`` collects one row per run, read from its ``summary.json`` and ``config.json``. Before
+``<root>/runs/<name>`` is a run's ``out_dir`` and ``<root>/logs/<name>.log`` its log; a run that is
+over (state.ENDED: finished, collapsed, skipped_out, diverged) is done, and its records move into the
+sweep's store, one line of ``<root>/runs.jsonl`` (babygpt.runstore), which is what a clone carries.
+``results.csv`` collects one row per run, read from its records. Before
 anything runs, every run's settings are checked (as train.py would check them) along with what is
 on disk: damaged records, runs made with other settings, and run directories still held by a live
 train.py that no sweep process claims (e.g. one orphaned by a sweep that was killed).
@@ -27,6 +28,7 @@ from .config import FIELDS, changed_settings, load_config, read_config_file, to_
 from .errors import BabyGPTError
 from .files import user_error, write_csv
 from .rundir import RunDir, RunLock, latest_config, read_json, read_record, read_summary
+from .runstore import RunStore, pack, run_info, run_summary
 from .runtime import auto_dtypes, machine_label
 from .scaleout import claim
 from .state import ENDED
@@ -100,15 +102,29 @@ class SweepDir:
         # Only reading runs made elsewhere (--collect): dtype=auto means what it meant on the device
         # each run was made on, not on this machine (GPU runs are collected on a laptop).
         self.collect = collect
+        self.store = RunStore(root)
 
     def out_dir(self, run: Run) -> str:
         return os.path.join(self.root, "runs", run.name)
 
     def status(self, run: Run) -> str | None:
-        """The run's status (state.STATUSES) from its summary.json, None if it has none yet;
-        a damaged summary is refused by name (rundir.read_summary)."""
-        summary = read_summary(os.path.join(self.out_dir(run), "summary.json"))
+        """The run's status (state.STATUSES): its stored one, else its directory's summary.json; None
+        if it has none yet. A damaged record is refused by name."""
+        stored = self.store.get(run.name)
+        summary = stored["summary"] if stored else read_summary(os.path.join(self.out_dir(run), "summary.json"))
         return summary["status"] if summary else None
+
+    def pack(self, run: Run) -> None:
+        """Store the run's records if it is over and not stored yet (its directory stays: working space)."""
+        if self.store.get(run.name) is None and os.path.isdir(self.out_dir(run)):
+            record = pack(self.out_dir(run), run.name)
+            if record is not None:
+                self.store.add(record)
+
+    def pack_finished(self) -> None:
+        """Store every run that is over but not stored (e.g. one that ended as its sweep was killed)."""
+        for run in self.runs:
+            self.pack(run)
 
     def binding(self, run: Run) -> str:
         return os.path.join(self.root, BINDINGS, run.name + ".json")
@@ -150,6 +166,10 @@ class SweepDir:
 
     def _check_on_disk(self, run: Run) -> None:
         self._check_binding(run)  # first: a run another process is training is bound too
+        stored = self.store.get(run.name)
+        if stored is not None:  # over: what its directory holds, if anything, is no longer read
+            self._check_same_settings(run, stored["config"])
+            return
         out = self.out_dir(run)
         if not os.path.isdir(out):
             return
@@ -176,6 +196,9 @@ class SweepDir:
             raise BabyGPTError(f"{self.out_dir(run)}/config.json is damaged (no settings in its last resume "
                                f"record); move that run directory aside to run it again")
         shown = self._differences(had, self._wanted[run.name], info.get("device"))
+        if shown and self.store.get(run.name) is not None:
+            raise BabyGPTError(f"{self.store.path} holds the run {run.name} with other settings ({shown}); use "
+                               f"another --out, or delete its line to run it again")
         if shown:
             raise BabyGPTError(f"{self.out_dir(run)} was run with other settings ({shown}); "
                                f"use another --out, or delete that directory to run it again")
@@ -194,7 +217,7 @@ class SweepDir:
         bfloat16 and a CPU's float32 land a few thousandths apart), else they are refused by kind."""
         kinds: dict[tuple[str, str], str] = {}
         for run in self.runs:
-            info = read_json(os.path.join(self.out_dir(run), "config.json")) or {}
+            info = run_info(self.out_dir(run)) or {}
             device, dtype = str(info.get("device")).split(":")[0], (latest_config(info) or {}).get("dtype")
             kinds.setdefault((device, dtype), run.name)
         if len(kinds) > 1:
@@ -265,8 +288,8 @@ class SweepDir:
 
     def result(self, run: Run, exit_code: int | None) -> dict:
         out = self.out_dir(run)
-        summary = read_summary(os.path.join(out, "summary.json")) or {}
-        info = read_json(os.path.join(out, "config.json")) or {}
+        summary = run_summary(out) or {}
+        info = run_info(out) or {}
         row = {"name": run.name, "label": run.label, "seed": run.seed, "exit_code": exit_code,
                "status": summary.get("status", "failed"), "num_params": info.get("num_params"),
                "machine": machine_label(summary.get("machine")) if summary else None, "out_dir": out}

@@ -55,8 +55,8 @@ class Options:
     quick: bool = option(False, "a tiny version that only checks the pipeline (writes to out/quick/)")
     publish: bool = option(False, "write the tier's directory under results/ (the committed records) instead of "
                                   "out/: for results that are to be committed")
-    out: Optional[str] = option(None, "output directory (default: results/<experiment>, "
-                                      "results/<tier>/<experiment> for another tier)")
+    out: Optional[str] = option(None, "output directory (default: out/<experiment>, out/<tier>/<experiment> "
+                                      "for another tier; with --publish, results/ in place of out/)")
     overwrite: bool = option(False, "replace what --out holds even if it was made with other settings")
 
     def problems(self) -> list[str]:
@@ -269,10 +269,10 @@ class Floors:
 
 def block_size_of(rows) -> int | None:
     """The context length the runs of ``rows`` trained with (their config.json), None if no run has one."""
-    from babygpt.rundir import read_json
+    from babygpt.runstore import run_info
 
     for row in rows:
-        info = read_json(os.path.join(row["out_dir"], "config.json")) if row.get("out_dir") else None
+        info = run_info(row["out_dir"]) if row.get("out_dir") else None
         if info:
             return int(info["config"]["block_size"])
     return None

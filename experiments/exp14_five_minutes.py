@@ -29,6 +29,7 @@ from babygpt.errors import BabyGPTError
 from babygpt.ngram import label, strongest
 from babygpt.options import option
 from babygpt.rundir import write_json
+from babygpt.runstore import run_info, run_summary, runs_under
 
 BUDGET_S = 300  # five minutes of training steps
 # arm -> (the sweep directories' name prefix, the LR key its sweeps vary, its row in exp13's table)
@@ -70,12 +71,11 @@ def sweep_dirs(root: str, prefix: str) -> dict[str, list[str]]:
 def finished_runs(sweeps: list[str], lr_key: str, role: str) -> list[dict]:
     """Every finished run of ``sweeps``: its LR, seed, losses and the floors of its test targets."""
     runs = []
-    for summary_path in (p for d in sweeps for p in sorted(glob.glob(os.path.join(d, "runs", "*", "summary.json")))):
-        directory = os.path.dirname(summary_path)
-        with open(summary_path) as f:
-            summary = json.load(f)
-        with open(os.path.join(directory, "config.json")) as f:
-            config = json.load(f)["config"]  # the run's TrainConfig, flat
+    for path in (p for d in sweeps for p in sorted(runs_under(d))):
+        summary, config = run_summary(path), run_info(path)
+        if summary is None or config is None:
+            continue  # not started, or killed before its end
+        config = config["config"]  # the run's TrainConfig, flat
         if summary.get("status") != "finished":
             continue
         floors = summary["references_test"]

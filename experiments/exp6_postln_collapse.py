@@ -35,7 +35,7 @@ from babygpt.config import MODEL_FIELDS
 from babygpt.model import GPT, GPTConfig
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, save
-from babygpt.rundir import read_json
+from babygpt.runstore import run_info
 from babygpt.sweep import Run
 from _common import EXP2_BUDGET, floats, lr_list_problems
 
@@ -99,7 +99,7 @@ def block0_size(run_dir: str) -> int:
     """Parameters in block 0 of a run (for per-element gradients), counted on the model its
     config.json describes: the committed records are enough (checkpoints are not committed, and
     --collect on a fresh clone has none)."""
-    config = read_json(os.path.join(run_dir, "config.json"))["config"]
+    config = run_info(run_dir)["config"]
     model = GPT(GPTConfig(**{key: config[key] for key in MODEL_FIELDS if key in config}))
     return sum(p.numel() for p in model.blocks[0].parameters())
 

@@ -12,7 +12,7 @@ LAYERS = {  # docs/architecture.md's table, lowest first
     "model": ["norms", "placements", "init", "model", "diagnostics"],
     "data and records": ["data", "ngram", "checkpoint", "state", "rundir", "resources", "tracker"],
     "training": ["config", "optim", "update", "distributed", "trainer", "sampling", "cli"],
-    "study": ["sweepdir", "sweep", "launcher", "scaleout", "tuning", "compare", "compare_runs", "plot", "references",
+    "study": ["runstore", "sweepdir", "sweep", "launcher", "scaleout", "tuning", "compare", "compare_runs", "plot", "references",
               "outdir", "bench"],
     "maintenance": ["doctables", "docfigures", "docverdicts", "resultsindex"],
 }

@@ -245,6 +245,7 @@ def test_sigusr1_drains_a_sweep_the_run_in_progress_ends_and_no_other_starts(dat
             os.kill(os.getpid(), sweep_module.DRAIN_SIGNAL)
             assert self.signals.wake.wait(30)  # the main thread's handler has run
             os.makedirs(self.out_dir(run), exist_ok=True)
+            write_atomic(os.path.join(self.out_dir(run), "config.json"), json.dumps({"config": {}}).encode())
             write_atomic(os.path.join(self.out_dir(run), "summary.json"), json.dumps(
                 {"status": "finished", "iter": 5, "val_loss_full": 3.0, "final_val_loss": 3.0,
                  "best_val_loss": 3.0}).encode())

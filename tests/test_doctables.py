@@ -236,4 +236,7 @@ def test_a_stale_results_index_fails_the_check(tmp_path, monkeypatch):
     assert resultsindex.stale_index(str(tmp_path)) == [resultsindex.INDEX]
     (tmp_path / resultsindex.INDEX).write_text(resultsindex.index_text(str(tmp_path)))
     assert resultsindex.stale_index(str(tmp_path)) == []
-    assert "| [x](x/report.md) | A question | `t` | `python a.py \\| tee b` |" in resultsindex.index_text(str(tmp_path))
+    # the command that makes the report again: with --out where it wrote to the default (out/ now)
+    assert "| `python a.py \\| tee b --out results/x` |" in resultsindex.index_text(str(tmp_path))
+    (tmp_path / "results" / "x" / "report.md").write_text("# A question\n\nCommand: `python a.py --out=elsewhere`\n")
+    assert "| `python a.py --out=elsewhere` |" in resultsindex.index_text(str(tmp_path))

@@ -962,7 +962,9 @@ def test_exp14_reads_each_arms_runs_picks_the_lr_on_the_tune_loss_and_reads_the_
             run.mkdir(parents=True)
             (run / "config.json").write_text(json.dumps({"config": {key: lr, "seed": seed}}))
             (run / "summary.json").write_text(json.dumps({"status": "finished", "iter": 300, "tune_loss": tune,
-                                                          "test_loss": test, "references_test": floors}))
+                                                          "test_loss": test, "references_test": floors,
+                                                          "val_loss_full": test, "final_val_loss": test,
+                                                          "best_val_loss": test}))
     timings = tmp_path / "timings.csv"
     timings.write_text("piece,ms_per_iter\ndefault,180\nmodern_rms.py,1000\nmodern_rms_adamw.py,200\n")
     assert exp14.main([f"--out={tmp_path}", f"--timings={timings}"]) == 0

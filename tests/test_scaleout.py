@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from babygpt.config import load_config, to_dict, with_resolved_dtype
 from babygpt.errors import BabyGPTError, ShardDone
 from babygpt.rundir import RunLock
 from babygpt.scaleout import DeviceSlots, Shard, claim, hold_shard, pinned_gpus, recorded_split, shard_state, \
@@ -116,6 +117,8 @@ def test_a_shard_takes_another_shards_run_only_once_that_shard_has_stopped(tmp_p
 def finished(sweep, run):
     """Mark ``run`` done on disk, as another process that trained it would have left it."""
     os.makedirs(sweep.out_dir(run), exist_ok=True)
+    with open(os.path.join(sweep.out_dir(run), "config.json"), "w") as f:  # the settings it was asked for
+        json.dump({"config": to_dict(with_resolved_dtype(load_config(sweep._config_args(run))))}, f)
     with open(os.path.join(sweep.out_dir(run), "summary.json"), "w") as f:
         json.dump({"status": "finished", "iter": 5, "val_loss_full": 2.5, "final_val_loss": 2.5,
                    "best_val_loss": 2.5}, f)
@@ -266,13 +269,15 @@ def test_collect_reads_dtype_auto_as_each_runs_device_meant_it_and_refuses_a_mix
     root = str(tmp_path / "sw")
     Sweep(root, runs, base).run(progress=False)
 
-    def recorded_as(run, device, dtype):
-        path = os.path.join(root, "runs", run.name, "config.json")
+    def recorded_as(run, device, dtype):  # the run's stored record, as if it had been made there
+        path = os.path.join(root, "runs.jsonl")
         with open(path) as f:
-            record = json.load(f)
-        record["device"], record["config"]["dtype"] = device, dtype
+            records = [json.loads(line) for line in f]
+        for record in records:
+            if record["name"] == run.name:
+                record["config"]["device"], record["config"]["config"]["dtype"] = device, dtype
         with open(path, "w") as f:
-            json.dump(record, f)
+            f.write("".join(json.dumps(r) + "\n" for r in records))
 
     os.remove(os.path.join(root, "results.csv"))  # the training sweep's table; --collect writes its own
     recorded_as(runs[0], "cuda", "bfloat16")
@@ -285,10 +290,11 @@ def test_collect_reads_dtype_auto_as_each_runs_device_meant_it_and_refuses_a_mix
     rows = Sweep(root, runs, base, collect=True).run(progress=False)
     assert [row["name"] for row in rows] == [run.name for run in runs] and all(row["status"] in DONE for row in rows)
     assert os.path.exists(os.path.join(root, "results.csv"))
-    with pytest.raises(BabyGPTError, match=r"was run with other settings \(dtype='bfloat16' there, 'float32' now\)"):
+    with pytest.raises(BabyGPTError, match=r"holds the run .* with other settings \(dtype='bfloat16' there, 'float32' "
+                                           r"now\)"):
         Sweep(root, runs, base).check()
     recorded_as(runs[1], "cpu", "bfloat16")
-    with pytest.raises(BabyGPTError, match=r"learning_rate=0.001__seed=1 was run with other settings "
+    with pytest.raises(BabyGPTError, match=r"learning_rate=0.001__seed=1 with other settings "
                                            r"\(dtype='bfloat16' there, 'auto' now\)"):
         Sweep(root, runs, base, collect=True).check()
 

@@ -1,0 +1,359 @@
+"""A sweep's finished runs, one line each in ``<root>/runs.jsonl``: the records a clone carries.
+
+A run trains in its own directory ``<root>/runs/<name>/`` (babygpt.rundir: config.json,
+metrics.jsonl, summary.json, checkpoints, lock); that directory is working space and is not
+committed. Once the run is over (state.ENDED), the sweep appends one line to the store:
+
+  {"format": 3, "name": NAME, "source": {"commit", "dirty", ...},
+   "config": <config.json>, "summary": <summary.json>, "metrics": [<metrics.jsonl rows>]}
+
+The three files are kept whole, so a run's directory can be written back from its line byte for
+byte (``files``); ``source`` names the code that made the run (provenance.source; for records made
+before runs named their commit, the converter infers it from git, and says so). The store is only
+appended to (under an exclusive flock, so shards on one filesystem can share it), a run at most
+once; a sweep reads a run from its line when there is one, and from its directory otherwise. A
+path ``<root>/runs/<name>`` (results.csv's out_dir column) names the run either way: ``load_run``
+reads it from wherever it is.
+
+``python -m babygpt.runstore DIR...`` moves the run directories under each DIR into their
+sweeps' stores (checked: every file written back from the store equals the original byte for byte
+before the original is deleted); runs not yet over are left where they are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from .errors import BabyGPTError
+from .files import user_error
+from .provenance import ROOT
+from .rundir import RunDir, latest_config, read_record, read_summary
+from .state import ENDED, summary_problems
+
+try:
+    import fcntl
+except ImportError:  # Windows: appends are not protected from each other there
+    fcntl = None
+
+STORE = "runs.jsonl"
+RUNS_DIR = "runs"
+STORE_FORMAT = 3  # a line's layout (1 and 2 are config.json's: see provenance.RUN_RECORD_FORMAT)
+FILES = ("config.json", "summary.json", "metrics.jsonl")
+
+
+def _dump(obj) -> str:
+    """A record file's text as rundir writes it (write_json: indent 2 and a newline)."""
+    return json.dumps(obj, indent=2) + "\n"
+
+
+def files(record: dict) -> dict[str, str]:
+    """{file name: its text} of a stored run's directory, as the run wrote them."""
+    return {"config.json": _dump(record["config"]), "summary.json": _dump(record["summary"]),
+            "metrics.jsonl": "".join(json.dumps(row) + "\n" for row in record["metrics"])}
+
+
+def record_problem(record) -> str | None:
+    """What makes a store line not one this module writes, or None."""
+    if not isinstance(record, dict) or record.get("format") != STORE_FORMAT:
+        return f"not a format-{STORE_FORMAT} run record"
+    if not isinstance(record.get("name"), str) or not record["name"]:
+        return "no run name"
+    if not isinstance(record.get("config"), dict) or latest_config(record["config"]) is None:
+        return f"{record['name']}: no settings in its config"
+    if not isinstance(record.get("summary"), dict) or summary_problems(record["summary"]):
+        return f"{record['name']}: its summary is damaged"
+    if record["summary"]["status"] not in ENDED:
+        return f"{record['name']}: a run that is not over ({record['summary']['status']})"
+    metrics = record.get("metrics")
+    if not isinstance(metrics, list) or not all(isinstance(r, dict) and type(r.get("iter")) is int for r in metrics):
+        return f"{record['name']}: its metrics are not rows"
+    if not isinstance(record.get("source"), dict):
+        return f"{record['name']}: no source"
+    return None
+
+
+class RunStore:
+    """``<root>/runs.jsonl``: read (parsed once per change of the file) and appended to."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.path = os.path.join(root, STORE)
+        self._cache: tuple[tuple, dict[str, dict]] | None = None
+
+    def exists(self) -> bool:
+        return os.path.isfile(self.path)
+
+    def records(self) -> dict[str, dict]:
+        """{run name: record}, in the order they were stored. A line cut short at the end (an append
+        a kill interrupted) is ignored; any other damage, or one run stored twice with different
+        contents, is refused by line."""
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return {}
+        except OSError as e:
+            raise user_error(e, self.path) from None
+        key = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        if self._cache is None or self._cache[0] != key:
+            self._cache = (key, self._parse())
+        return self._cache[1]
+
+    def _parse(self) -> dict[str, dict]:
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise user_error(e, self.path, doing="reading") from None
+        lines = data.split(b"\n")
+        found: dict[str, dict] = {}
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except (ValueError, RecursionError):
+                record = None
+            problem = record_problem(record)
+            if problem and number == len(lines):  # the last line, with no newline: an append cut short
+                continue
+            if problem:
+                raise BabyGPTError(f"{self.path} line {number} is damaged ({problem}); restore the file "
+                                   f"from git, or delete that line to train that run again")
+            if found.get(record["name"], record) != record:
+                raise BabyGPTError(f"{self.path} holds {record['name']} twice, with different records (line "
+                                   f"{number}); keep one of them")
+            found[record["name"]] = record
+        return found
+
+    def get(self, name: str) -> dict | None:
+        return self.records().get(name)
+
+    def add(self, record: dict) -> bool:
+        """Append ``record`` unless its run is stored already (looked up again under the lock, so
+        that two processes storing one run store it once). True if it was appended."""
+        problem = record_problem(record)
+        if problem:
+            raise BabyGPTError(f"cannot store a run in {self.path}: {problem}")
+        line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            with open(self.path, "ab+") as f:
+                if fcntl is not None:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+                self._cache = None
+                if record["name"] in self.records():
+                    return False
+                f.seek(0, os.SEEK_END)
+                if f.tell() and not self._ends_with_newline(f):  # a line cut short: end it first
+                    f.write(b"\n")
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise user_error(e, self.path) from None
+        self._cache = None
+        return True
+
+    @staticmethod
+    def _ends_with_newline(f) -> bool:
+        f.seek(-1, os.SEEK_END)
+        ends = f.read(1) == b"\n"
+        f.seek(0, os.SEEK_END)
+        return ends
+
+
+def pack(run_dir: str, name: str | None = None, inferred_source: dict | None = None) -> dict | None:
+    """The store line of the run in ``run_dir`` if it is over, else None. Its source is the one its
+    latest start recorded, else ``inferred_source``, else unknown (commit None)."""
+    rundir = RunDir(run_dir)
+    summary = read_summary(rundir.summary)
+    if summary is None or summary["status"] not in ENDED:
+        return None
+    config = read_record(rundir.config, ("config",))
+    if config is None:
+        raise BabyGPTError(f"{run_dir} has a summary but no config.json: it is damaged; move it aside to "
+                           f"train that run again")
+    starts = [config, *[r for r in config.get("resumes") or [] if isinstance(r, dict)]]
+    recorded = next((s["source"] for s in reversed(starts) if isinstance(s.get("source"), dict)), None)
+    return {"format": STORE_FORMAT, "name": name or os.path.basename(os.path.normpath(run_dir)),
+            "source": recorded or inferred_source or {"commit": None, "dirty": None},
+            "config": config, "summary": summary, "metrics": rundir.metrics_rows()}
+
+
+def store_of(run_path: str) -> tuple[RunStore, str] | None:
+    """(the store, the run's name) for a path ``<root>/runs/<name>``, None for any other path."""
+    parent, name = os.path.split(os.path.normpath(run_path))
+    if os.path.basename(parent) != RUNS_DIR or not name:
+        return None
+    return _store(os.path.dirname(parent)), name
+
+
+_STORES: dict[str, RunStore] = {}
+
+
+def _store(root: str) -> RunStore:
+    """One RunStore per root in this process, so that each file is parsed once."""
+    key = os.path.abspath(root)
+    if key not in _STORES:
+        _STORES[key] = RunStore(root)
+    return _STORES[key]
+
+
+def stored(run_path: str) -> dict | None:
+    """The store line of the run at ``run_path`` (``<root>/runs/<name>``), None if not stored."""
+    found = store_of(run_path)
+    return found[0].get(found[1]) if found else None
+
+
+def load_run(run_path: str) -> dict:
+    """{"dir", "metrics", "summary" (or {}), "info" (config.json)} of the run at ``run_path``: its
+    store line if it has one, else its directory's files."""
+    record = stored(run_path)
+    if record is not None:
+        return {"dir": run_path, "metrics": record["metrics"], "summary": record["summary"], "info": record["config"]}
+    rundir = RunDir(run_path)
+    if not os.path.isfile(rundir.metrics):
+        raise BabyGPTError(f"no metrics.jsonl in '{run_path}'; pass the out_dir of a training run (or the "
+                           f"<sweep>/runs/<name> of a run its sweep stored)")
+    return {"dir": run_path, "metrics": rundir.metrics_rows(),
+            "summary": read_summary(rundir.summary) or {}, "info": read_record(rundir.config) or {}}
+
+
+def run_info(run_path: str) -> dict | None:
+    """config.json of the run at ``run_path`` (stored or in its directory), None if it has none."""
+    record = stored(run_path)
+    return record["config"] if record is not None else read_record(os.path.join(run_path, "config.json"))
+
+
+def run_summary(run_path: str) -> dict | None:
+    """summary.json of the run at ``run_path`` (stored or in its directory), None if it has none."""
+    record = stored(run_path)
+    return record["summary"] if record is not None else read_summary(os.path.join(run_path, "summary.json"))
+
+
+def stored_file(path: str) -> str | None:
+    """The text of ``<root>/runs/<name>/<file>`` (one of FILES) as its run wrote it, if that run is
+    stored; None otherwise (its directory, if any, is then where the file is)."""
+    directory, name = os.path.split(path)
+    record = stored(directory) if name in FILES else None
+    return files(record)[name] if record is not None else None
+
+
+def stored_files(root: str, store_paths) -> set[str]:
+    """The paths, relative to ``root``, of every file the runs of the stores at ``store_paths``
+    (relative paths of runs.jsonl files) wrote: each readable with ``stored_file``."""
+    found = set()
+    for store_path in store_paths:
+        sweep = os.path.dirname(store_path)
+        for name in _store(os.path.join(root, sweep)).records():
+            found |= {f"{sweep}/{RUNS_DIR}/{name}/{file}" for file in FILES}
+    return found
+
+
+def runs_under(root: str) -> list[str]:
+    """The run paths ``<root>/runs/<name>`` of a sweep: stored ones, then directories not stored."""
+    names = list(_store(root).records())
+    directory = os.path.join(root, RUNS_DIR)
+    if os.path.isdir(directory):
+        names += sorted(n for n in os.listdir(directory) if n not in names and not n.startswith("."))
+    return [os.path.join(root, RUNS_DIR, n) for n in names]
+
+
+def expand_runs(paths: list[str]) -> list[str]:
+    """The run paths the command-line ``paths`` name: a sweep's directory (one with a runs.jsonl)
+    stands for all of its runs; any other path for itself."""
+    return [run for p in paths for run in (runs_under(p) if _store(p).exists() else [p])]
+
+
+# ------------------------------------------------------------------ moving old layouts into stores
+
+def commits_that_added(paths: list[str]) -> dict[str, str]:
+    """{path relative to the repository: the commit that added it}, from one pass over git's log
+    (empty where git is missing)."""
+    try:
+        out = subprocess.run(["git", "-C", ROOT, "log", "--diff-filter=A", "--name-only", "--format=@%H", "--",
+                              *paths], capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    added, commit = {}, None
+    for line in out.splitlines():
+        if line.startswith("@"):
+            commit = line[1:]
+        elif line:
+            added.setdefault(line, commit)
+    return added
+
+
+def parent_of(commit: str) -> str | None:
+    try:
+        return subprocess.run(["git", "-C", ROOT, "rev-parse", f"{commit}^"], capture_output=True, text=True,
+                              check=True, stdin=subprocess.DEVNULL).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def inferred(added_in: str | None) -> dict:
+    """The source of a run recorded before runs named their commit: the commit checked out when its
+    record was committed (the parent of the commit that added it); whether that tree had changes is
+    not known."""
+    if added_in is None:
+        return {"commit": None, "dirty": None, "inferred": "not committed: no commit known"}
+    return {"commit": parent_of(added_in), "dirty": None,
+            "inferred": f"the parent of {added_in}, the commit that added this record"}
+
+
+def convert(sweep_root: str, added: dict[str, str]) -> tuple[int, int]:
+    """Move the finished runs of ``<sweep_root>/runs/`` into its store: (moved, left). Each run's
+    files are compared with the store's copy byte for byte before they are deleted."""
+    store, moved, left = _store(sweep_root), 0, 0
+    for path in runs_under(sweep_root):
+        if not os.path.isdir(path):
+            continue
+        relative = os.path.relpath(os.path.join(path, "config.json"), ROOT)
+        record = pack(path, inferred_source=inferred(added.get(relative)))
+        if record is None:
+            left += 1
+            continue
+        store.add(record)
+        kept = files(store.get(record["name"]))
+        for name in FILES:
+            with open(os.path.join(path, name), encoding="utf-8") as f:
+                if f.read() != kept[name]:
+                    raise BabyGPTError(f"{path}/{name} does not equal its stored copy; nothing of it was deleted")
+        for name in FILES:
+            os.remove(os.path.join(path, name))
+        if not os.listdir(path):
+            os.rmdir(path)
+        moved += 1
+    return moved, left
+
+
+def sweep_roots(directory: str) -> list[str]:
+    """Every directory at or below ``directory`` that holds a runs/ folder of run directories."""
+    return sorted(top for top, dirs, _ in os.walk(directory) if RUNS_DIR in dirs
+                  and os.path.basename(top) != RUNS_DIR)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python -m babygpt.runstore DIR...\nMove the finished run directories of every sweep "
+              "under DIR into its runs.jsonl (checked byte for byte first).")
+        return 0 if argv else 2
+    missing = [d for d in argv if not os.path.isdir(d)]
+    if missing:
+        raise BabyGPTError(f"'{missing[0]}' is not a directory; pass the sweep or results directories to convert")
+    roots = [r for d in argv for r in sweep_roots(d)]
+    added = commits_that_added(roots)
+    for root in roots:
+        moved, left = convert(root, added)
+        print(f"{root}: {moved} run(s) moved into {STORE}" + (f", {left} not over left in place" if left else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    from .cli import run
+
+    sys.exit(run(main, sys.argv[1:]))
