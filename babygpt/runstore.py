@@ -146,9 +146,7 @@ class RunStore:
                 self._cache = None
                 if record["name"] in self.records():
                     return False
-                f.seek(0, os.SEEK_END)
-                if f.tell() and not self._ends_with_newline(f):  # a line cut short: end it first
-                    f.write(b"\n")
+                self._drop_cut_line(f)
                 f.write(line)
                 f.flush()
                 os.fsync(f.fileno())
@@ -158,11 +156,14 @@ class RunStore:
         return True
 
     @staticmethod
-    def _ends_with_newline(f) -> bool:
-        f.seek(-1, os.SEEK_END)
-        ends = f.read(1) == b"\n"
+    def _drop_cut_line(f) -> None:
+        """Truncate a last line an interrupted append left without its newline (under the lock no
+        other process is writing), so that the next line starts on a line of its own."""
+        f.seek(0)
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
         f.seek(0, os.SEEK_END)
-        return ends
 
 
 def pack(run_dir: str, name: str | None = None, inferred_source: dict | None = None) -> dict | None:
@@ -310,8 +311,8 @@ def convert(sweep_root: str, added: dict[str, str]) -> tuple[int, int]:
     files are compared with the store's copy byte for byte before they are deleted."""
     store, moved, left = _store(sweep_root), 0, 0
     for path in runs_under(sweep_root):
-        if not os.path.isdir(path):
-            continue
+        if store.get(os.path.basename(path)) is not None:
+            continue  # moved already (its directory may keep checkpoints, which are not records)
         relative = os.path.relpath(os.path.join(path, "config.json"), ROOT)
         record = pack(path, inferred_source=inferred(added.get(relative)))
         if record is None:

@@ -3,6 +3,7 @@ every other result figure in them has a committed source (docfigures.py)."""
 
 import glob
 import os
+import shutil
 
 import pytest
 
@@ -126,13 +127,21 @@ def test_a_figure_is_found_in_the_results_its_section_names_and_rounded_to_its_p
                        "(add a <!-- source: ... --> marker)"]
 
 
-def test_the_records_of_single_runs_source_a_figure_only_where_named(results):
-    """A sweep's committed run records (results/exp/runs/<run>/) hold thousands of numbers: a
-    section naming the experiment does not search them, a marker naming the run does."""
+@pytest.mark.parametrize("stored", [False, True], ids=["run directory", "runs.jsonl"])
+def test_the_records_of_single_runs_source_a_figure_only_where_named(results, stored):
+    """A sweep's committed run records (results/exp/runs/<run>/, or their lines of the sweep's
+    runs.jsonl) hold thousands of numbers: a section naming the experiment does not search them, a
+    marker naming the run's file does."""
+    from babygpt.runstore import RunStore, pack
+
     run = results / "results" / "exp" / "runs" / "a__seed=0"
     run.mkdir(parents=True)
+    (run / "config.json").write_text('{"config": {"seed": 0}}')
     (run / "summary.json").write_text('{"status": "finished", "iter": 5, "val_loss_full": 2.4567, '
                                       '"final_val_loss": 2.5, "best_val_loss": 2.5}')
+    if stored:
+        RunStore(str(results / "results" / "exp")).add(pack(str(run)))
+        shutil.rmtree(run)
     assert findings(results, "It ends at 2.4567.") == \
         ["page.md:5: 2.4567: not in the results its section names (results/exp)"]
     assert findings(results, "It ends at 2.4567. <!-- source: results/exp/runs/a__seed=0/summary.json -->") == []

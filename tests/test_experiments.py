@@ -905,11 +905,10 @@ def test_beyond_tier_trains_where_the_committed_frontier_first_passed_plain_knes
     monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
     import _common
     import exp11_regime as exp11
-    from babygpt.rundir import read_json
+    from babygpt.runstore import RunStore
 
-    root = os.path.join(ROOT, "results", "regime", "runs")
-    summaries = {name: read_json(os.path.join(root, name, "summary.json")) for name in os.listdir(root)}
-    summaries = {name: s for name, s in summaries.items() if s is not None}  # finished runs only
+    stored = RunStore(os.path.join(ROOT, "results", "regime")).records()  # the runs that have ended
+    summaries = {name: record["summary"] for name, record in stored.items()}
     lrs = sorted({run.overrides["learning_rate"] for p in exp11.FRONTIER for run in p.runs(p.lrs).values()}
                  | {float(name.split("learning_rate=")[1].split("__")[0]) for name in summaries})
     points = []
