@@ -60,7 +60,7 @@ def run(main, argv: list[str]) -> int:
         print(f"error: {message}", file=sys.stderr)
         return EXIT_USAGE
     except (MemoryError, RuntimeError) as e:  # an allocation that passed the up-front estimate
-        from .resources import is_out_of_memory  # here: torch is loaded only by the commands that use it
+        from .memory import is_out_of_memory  # here: torch is loaded only by the commands that use it
 
         if not is_out_of_memory(e) or debug:
             raise

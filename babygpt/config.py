@@ -26,7 +26,7 @@ from .model import GPTConfig
 from .options import Option, Range, convert as convert_value, float_problems, format_help, option, options_of, \
     parse, unknown_name
 from . import tracker
-from .resources import FIX, attention_bytes, memory_problem, training_bytes
+from .memory import FIX, attention_bytes, memory_problem, training_bytes
 from .runtime import check_dtype, resolve_device, resolve_dtype
 
 

@@ -69,7 +69,7 @@ PER_HEAD = ("attn_logit_max_head",)  # one list of per-head values per block
 
 
 class StepHook:
-    """What an optimizer step tells an observer, in the order it happens (update.OptimizerStep
+    """What an optimizer step tells an observer, in the order it happens (step.OptimizerStep
     calls each once per step); this base class ignores it all, so an unobserved step costs nothing."""
 
     def after_backward(self, idx: torch.Tensor) -> None:

@@ -8,7 +8,7 @@ whole model, trains on its own batches, and DistributedDataParallel averages the
 during backward, so all ranks take the same optimizer step: AdamW's, or Muon's (optim.py), whose
 Newton-Schulz iteration then runs on the same averaged gradient on every rank (each rank computes
 the whole update; nothing is sharded). QK-Clip's per-head maxima are the one thing a rank sees alone:
-update.py takes their MAX over the ranks (``Dist.max``) before clipping. Without those variables
+step.py takes their MAX over the ranks (``Dist.max``) before clipping. Without those variables
 BabyGPT runs as one plain process and nothing here is used.
 """
 

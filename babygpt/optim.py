@@ -147,7 +147,7 @@ def muon_with_adamw(model: nn.Module, cfg: TrainConfig, fused: bool) -> MuonWith
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool = False) -> Optimizer:
     """The optimizer ``cfg.optimizer`` names, over every parameter of ``model`` (a GPT). Each param
-    group carries ``lr_scale``: its learning rate is the schedule's times it (update.OptimizerStep).
+    group carries ``lr_scale``: its learning rate is the schedule's times it (step.OptimizerStep).
     ``fused``: AdamW's fused kernels (CUDA)."""
     if cfg.optimizer == "muon":
         return muon_with_adamw(model, cfg, fused)

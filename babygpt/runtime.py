@@ -58,6 +58,14 @@ def machine(device: torch.device) -> dict:
     return record
 
 
+def same_kind(made: dict | None, here: dict) -> bool:
+    """Whether a run's machine (its summary's "machine") is the kind ``here`` is: the same device
+    type and torch, and the same GPU, or the same CPU model and thread count (runs on one kind agree
+    bit for bit; kinds, and thread counts, differ in the last digits or more)."""
+    keys = ("device", "torch") + (("gpu",) if here.get("device") == "cuda" else ("cpu", "threads"))
+    return isinstance(made, dict) and all(made.get(k) == here.get(k) for k in keys)
+
+
 def machine_label(record: dict | None) -> str:
     """A run's machine (its summary.json's "machine") as a report names it: the GPU, or the CPU
     and its thread count."""

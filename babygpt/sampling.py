@@ -16,7 +16,7 @@ from .data import CharTokenizer
 from .errors import BabyGPTError
 from .model import GPT, GPTConfig
 from .options import option, parse_into
-from .resources import check_fits, inference_bytes, is_out_of_memory
+from .memory import check_fits, inference_bytes, is_out_of_memory
 from .runtime import DTYPES, resolve_device
 
 MIN_TEMPERATURE = 1e-3  # below this sampling is greedy in all but name, and logits / T overflow near 1e-38

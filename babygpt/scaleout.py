@@ -29,6 +29,7 @@ from typing import Optional
 from .errors import BabyGPTError
 from .options import option
 from .rundir import RunLock
+from .runstore import STORE
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,10 @@ class ScaleOutOptions:
                                   "(after the shards have finished)")
     gpus: Optional[str] = option(None, "comma-separated GPU indices the jobs are pinned to, one job per "
                                        "entry at a time (default: every visible GPU, round-robin)")
+    reuse: Optional[str] = option(None, "sweep directories (comma-separated, e.g. a committed results/ one) whose "
+                                        "stored runs are copied instead of trained: a run of the same name and "
+                                        "settings, made on this kind of machine (CPU model and threads, or GPU; "
+                                        "torch)", metavar="DIR,...")
 
     def scale_out_problems(self) -> list[str]:
         problems = []
@@ -80,6 +85,8 @@ class ScaleOutOptions:
                                 "clear --out once before starting the shards")
         if self.gpus is not None and not re.fullmatch(r"\d+(,\d+)*", self.gpus.replace(" ", "")):
             problems.append(f"--gpus must be comma-separated GPU indices (e.g. --gpus 0,1), got '{self.gpus}'")
+        problems += [f"--reuse {d!r} holds no runs.jsonl; pass sweep directories whose runs are stored, e.g. "
+                     f"results/full/exp2_gpt2" for d in self.reuse_list() if not os.path.isfile(os.path.join(d, STORE))]
         return problems
 
     def shard_spec(self) -> Shard | None:
@@ -87,6 +94,9 @@ class ScaleOutOptions:
 
     def gpu_list(self) -> list[int] | None:
         return [int(g) for g in self.gpus.replace(" ", "").split(",")] if self.gpus is not None else None
+
+    def reuse_list(self) -> list[str]:
+        return [d for d in (self.reuse or "").split(",") if d]
 
 
 def visible_gpus() -> list[str]:

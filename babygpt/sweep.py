@@ -32,7 +32,9 @@ from . import launcher
 from .errors import BabyGPTError, Interrupted
 from .launcher import PreloadedLauncher
 from .options import option, parse_into
-from .rundir import RunLock
+from .rundir import RunLock, latest_config
+from .runstore import RunStore
+from .runtime import machine, machine_label, resolve_device, same_kind
 from .scaleout import DeviceSlots, ScaleOutOptions, Shard, claim, hold_shard, pinned_gpus, recorded_split, \
     shard_state, visible_gpus
 from .signals import signal_name
@@ -126,9 +128,11 @@ class Sweep(SweepDir):
     POLL_S = 2.0  # how often a process waiting for other processes' runs looks again
 
     def __init__(self, root: str, runs: list[Run], base_args: list[str] = (), jobs: int = 1,
-                 shard: Shard | None = None, gpus: list[int] | None = None, collect: bool = False):
+                 shard: Shard | None = None, gpus: list[int] | None = None, collect: bool = False,
+                 reuse: list[str] = ()):
         super().__init__(root, runs, base_args, collect)
         self.jobs = jobs
+        self.reuse = list(reuse)  # sweep directories whose stored runs are copied instead of trained
         self.shard, self.gpus = shard, gpus
         self.signals = SignalRelay()
         self.exit_codes: dict[str, int] = {}
@@ -201,6 +205,7 @@ class Sweep(SweepDir):
             hold_shard(self.root, self.shard)
         self.bind()
         self.pack_finished()
+        self.copy_reused()
         slots = DeviceSlots(pinned_gpus(self.gpus, visible_gpus()), self.jobs)
         codes = self.exit_codes = {}  # train.py's exit code, by run, of the runs trained here
         # the CPU runs fork a server that has imported torch where that is safe (launcher.py)
@@ -228,6 +233,39 @@ class Sweep(SweepDir):
         rows = [self.result(r, codes.get(r.name)) for r in self.runs]
         self.write_csv(rows)
         return rows
+
+    def copy_reused(self) -> None:
+        """Copy into this sweep's store the runs --reuse's stores hold that this sweep would train:
+        the same name and settings, made on this kind of machine (a table is made on one kind).
+        Says what it copied and what it trains again because it was made elsewhere."""
+        copied, elsewhere = {}, {}
+        for run in (r for r in self.runs if self.status(r) not in DONE):
+            for directory in self.reuse:
+                record = RunStore(directory).get(run.name)
+                if record is None or self._differences(latest_config(record["config"]) or {}, self._wanted[run.name],
+                                                       record["config"].get("device")):
+                    continue
+                if not same_kind(record["summary"].get("machine"), self.machine_here(run)):
+                    elsewhere.setdefault(directory, machine_label(record["summary"].get("machine")))
+                    continue
+                self.store.add({**record, "copied_from": directory})
+                copied[directory] = copied.get(directory, 0) + 1
+                break
+        for directory, count in copied.items():
+            print(f"reused {count} run(s) from {directory} (same settings, same kind of machine)", file=sys.stderr)
+        for directory, label in elsewhere.items():
+            print(f"--reuse {directory}: runs with these settings were made on {label}, another kind of machine "
+                  f"than this one: they are trained here, so that the table compares runs made alike", file=sys.stderr)
+
+    def machine_here(self, run: Run) -> dict:
+        """The machine record a run of this sweep would write: this device, with the threads its job gets."""
+        device = resolve_device(self._wanted[run.name].get("device", "auto"))
+        here = machine(device)
+        if device.type != "cuda":
+            threads = os.environ.get("OMP_NUM_THREADS") or (max(1, (os.cpu_count() or 1) // self.jobs)
+                                                             if self.jobs > 1 else None)
+            here["threads"] = int(threads) if threads and threads.isdigit() else here["threads"]
+        return here
 
     def mine(self) -> list[Run]:
         """The runs this process trains first: its shard's slice, or all of them."""
@@ -399,7 +437,8 @@ def main(argv: list[str]) -> int:
     ignored = ignored_set_problems(args.set, runs)
     if ignored:
         raise BabyGPTError(*ignored)
-    sweep = Sweep(args.out, runs, base, args.jobs, args.shard_spec(), args.gpu_list(), args.collect)
+    sweep = Sweep(args.out, runs, base, args.jobs, args.shard_spec(), args.gpu_list(), args.collect,
+                  args.reuse_list())
     rows = sweep.run(wait=False)
     if rows is None:  # a shard: the table is written once every shard has finished
         print(shard_done_message(sweep))

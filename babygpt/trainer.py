@@ -1,8 +1,8 @@
 """The training loop: warmup + cosine schedule, evals, metrics, checkpoints, around the optimizer
-step of update.py (AdamW or Muon with AdamW as optim.py routes them, clipping, the loss scaler).
+step of step.py (AdamW or Muon with AdamW as optim.py routes them, clipping, the loss scaler).
 
 Reading order: ``lr_at`` and ``estimate_loss``, then ``Trainer``: ``__init__`` builds the run in
-memory, ``train`` -> ``_loop`` -> ``step`` trains (update.OptimizerStep), ``_evaluate_and_checkpoint``
+memory, ``train`` -> ``_loop`` -> ``step`` trains (step.OptimizerStep), ``_evaluate_and_checkpoint``
 evaluates and saves.
 What lands in ``out_dir`` is described in rundir.py; the state a resume restores in state.py.
 """
@@ -38,7 +38,7 @@ from .runtime import (autocast, check_dtype, dtype_note, machine, muon_note, res
 from .signals import StopSignals
 from .tracker import TensorBoardTracker
 from .state import TrainState, finite_or_none
-from .update import OptimizerStep
+from .step import OptimizerStep
 
 # Eval windows are drawn from this one seed, so that every run on the same data, block_size and
 # batch_size scores the same text; it lies outside the training seeds (seed + 2 * rank, seed < 2**32),
@@ -551,7 +551,7 @@ class Trainer:
         return target > 0 and "val_loss" in last and last["val_loss"] <= target
 
     def step(self, lr: float, hook: StepHook = NO_HOOK) -> torch.Tensor:
-        """One optimizer step at ``lr`` (update.OptimizerStep); returns the step's mean loss, detached
+        """One optimizer step at ``lr`` (step.OptimizerStep); returns the step's mean loss, detached
         and left on the device. bench.py times this."""
         return self._step(lr, hook)
 

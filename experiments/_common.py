@@ -24,8 +24,8 @@ from babygpt.options import option, options_of, parse_into  # noqa: E402
 from babygpt.data import load_dataset  # noqa: E402
 from babygpt.files import write_atomic  # noqa: E402
 from babygpt.rundir import read_json  # noqa: E402
-from babygpt import outdir  # noqa: E402
-from babygpt.outdir import OutputDir  # noqa: E402
+from babygpt import experimentdir  # noqa: E402
+from babygpt.experimentdir import OutputDir  # noqa: E402
 from babygpt.scaleout import ScaleOutOptions  # noqa: E402
 from babygpt.sweep import Sweep, ignored_set_problems, shard_done_message  # noqa: E402
 
@@ -118,7 +118,7 @@ def placement_problems(text: str) -> list[str]:
 
 
 # Options that change where or how fast results are made, not what they are.
-NOT_SETTINGS = ("out", "overwrite", "jobs", "shard", "collect", "gpus", "publish")
+NOT_SETTINGS = ("out", "overwrite", "jobs", "shard", "collect", "gpus", "publish", "reuse")
 
 
 def tier(args) -> str:
@@ -150,7 +150,7 @@ def defaults(args) -> dict:
 
 
 def claim(path: str, args, name: str, sweep=None) -> str:
-    """Make ``path`` this experiment's output directory and return it (babygpt.outdir). Results
+    """Make ``path`` this experiment's output directory and return it (babygpt.experimentdir). Results
     made there with other settings (or by an unknown command) are refused, or with --overwrite
     moved aside until the new ones are complete. Everything is checked first (the directory, the
     experiment's ``sweep``, the data), so a refused experiment changes nothing on disk."""
@@ -197,7 +197,8 @@ def budget_over_config(budget: dict, runs) -> list[str]:
 
 def sweep(out: str, runs: list, base_args: list[str], args) -> Sweep:
     """The experiment's sweep, spread as the command line asks (--jobs, --shard, --gpus, --collect)."""
-    return Sweep(out, runs, base_args, args.jobs, args.shard_spec(), args.gpu_list(), args.collect)
+    return Sweep(out, runs, base_args, args.jobs, args.shard_spec(), args.gpu_list(), args.collect,
+                 args.reuse_list())
 
 
 def finished_rows(sweep, last: bool = True) -> dict:
@@ -280,9 +281,9 @@ def block_size_of(rows) -> int | None:
 
 def matched_floors(data_dir: str, rows) -> Floors | None:
     """The floors of the text the runs of ``rows`` are scored on, under their own scoring: the test
-    part in sliding windows (compare.loss_split is "test"), else the whole validation split in the
+    part in sliding windows (verdicts.loss_split is "test"), else the whole validation split in the
     non-overlapping windows of trainer.full_split_loss. None without a finished run."""
-    from babygpt.compare import loss_split
+    from babygpt.verdicts import loss_split
     from babygpt.data import tune_and_test
     from babygpt.ngram import scheme_floors
     from babygpt.trainer import eval_stride
@@ -363,7 +364,7 @@ def write_report(path: str, title: str, command: str, body: str, started: float)
             f"wall time {time.time() - started:.0f} s\n\n{body}\n")
     # surrogateescape: a path given on the command line in another encoding is kept byte for byte
     write_atomic(path, text.encode("utf-8", "surrogateescape"))
-    outdir.commit(os.path.dirname(path))  # the results are complete: what --overwrite replaced goes now
+    experimentdir.commit(os.path.dirname(path))  # the results are complete: what --overwrite replaced goes now
     print(text.encode("utf-8", "surrogateescape").decode("utf-8", "replace"))
 
 
@@ -436,10 +437,10 @@ def noting_replaced(fn):
         try:
             return fn(argv)
         except BabyGPTError as e:
-            note = outdir.pending_note()
+            note = experimentdir.pending_note()
             raise BabyGPTError(*e.problems, *([note] if note else [])) from None
         except Interrupted as e:
-            note = outdir.pending_note()
+            note = experimentdir.pending_note()
             raise Interrupted(e.signum, f"{e}; {note}" if note else str(e)) from None
     return command
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import _common
 
-from babygpt.compare import run_loss
+from babygpt.verdicts import run_loss
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, save
 from babygpt.sweep import Run

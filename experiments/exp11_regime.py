@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import _common
 
-from babygpt.compare import run_loss
+from babygpt.verdicts import run_loss
 from babygpt.config import FIELDS
 from babygpt.ngram import label, strongest
 from babygpt.plot import new_figure, save_log_x

@@ -10,7 +10,7 @@ The protocol of docs/experiments.md, the same for every configuration:
   2. Evaluate on seeds T..T+E-1, disjoint from the tuning seeds (whose losses were picked as the
      lowest and are biased low), at each configuration's tuned LR. A seed fixes the init and the
      data order, so seed s of two configurations is a pair. Each configuration gets its paired
-     difference to the baseline, and the table's verdicts are drawn together (babygpt.compare):
+     difference to the baseline, and the table's verdicts are drawn together (babygpt.verdicts):
      better / worse after Holm-Bonferroni, equivalent within ±m by two one-sided tests (m: 0.01
      nats, stated before the runs, unless --margin), otherwise inconclusive with the number of
      pairs that would decide it. A run that diverged counts at the data's unigram loss.
@@ -21,7 +21,7 @@ The protocol of docs/experiments.md, the same for every configuration:
      evaluation seed left out in turn ("leave-one-seed-out").
 "Loss" is the final evaluation of the validation split's test part (test_loss), and LRs are tuned on
 its other part (tune_loss); runs from before that split was recorded are tuned and reported on the
-whole split (val_loss_full), as the report says (babygpt.compare.loss_split). min_lr is always lr / 10,
+whole split (val_loss_full), as the report says (babygpt.verdicts.loss_split). min_lr is always lr / 10,
 so the schedule keeps its shape across the grid.
 
 Tiers: --quick checks the pipeline (tiny model, 2 LRs, no extension); the default uses
@@ -53,7 +53,7 @@ import _common
 from _common import (EXP2_BUDGET, TUNED_FILE, config_path, floats, initial_loss, lr_list_problems,  # noqa: F401
                      lr_overrides, read_record, read_tuned)
 
-from babygpt.compare import EQUIVALENCE_MARGIN, MIN_PAIRS_FOR_VERDICT, compare_table, floor_interval, \
+from babygpt.verdicts import EQUIVALENCE_MARGIN, MIN_PAIRS_FOR_VERDICT, compare_table, floor_interval, \
     leave_one_seed_out, loss_split, mean_interval, outcome_counts, split_sentence, tuning_loss, verdict_loss
 from babygpt.errors import BabyGPTError
 from babygpt.ngram import label, strongest
@@ -286,7 +286,7 @@ def write_results(args, plan: Plan, outcome: Outcome, tuned_from: str, started) 
 
 def splits(plan: Plan, outcome: Outcome) -> str:
     """The report's sentence on the parts of the validation split the LRs were tuned on and the
-    losses are reported on (compare.loss_split of the tuning runs, then of the evaluation runs)."""
+    losses are reported on (verdicts.loss_split of the tuning runs, then of the evaluation runs)."""
     evaluated = [r for runs in (*outcome.seed_runs.values(), *outcome.robustness_runs.values()) for r in runs]
     return split_sentence(loss_split(outcome.rows[r.name] for r in plan.tuning_runs),
                           loss_split(outcome.rows[r.name] for r in evaluated))
@@ -313,7 +313,7 @@ def sensitivities_over_one_grid(grids: dict, means: dict, initial: dict, trained
 
 
 def verdict_rule(k: int, margin: float, stated: float | None, unigram: float | None) -> str:
-    """The report's sentences on how the table's verdicts are drawn: what babygpt.compare does."""
+    """The report's sentences on how the table's verdicts are drawn: what babygpt.verdicts does."""
     over = "for the table's one comparison" if k == 1 else f"over the table's {k} comparisons together"
     given = " with --margin" if stated else ""
     failed = (f"A run that diverged or was skipped out counts at the data's unigram loss ({unigram:.4f} nats), as a "

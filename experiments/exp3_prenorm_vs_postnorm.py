@@ -35,7 +35,7 @@ from typing import Optional
 
 import _common
 
-from babygpt.compare import run_loss
+from babygpt.verdicts import run_loss
 from babygpt.model import INITS
 from babygpt.options import option
 from babygpt.plot import new_figure, save

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import _common
 
-from babygpt.compare import run_loss
+from babygpt.verdicts import run_loss
 from babygpt.config import MODEL_FIELDS
 from babygpt.model import GPT, GPTConfig
 from babygpt.options import option

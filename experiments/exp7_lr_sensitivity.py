@@ -32,7 +32,7 @@ from typing import Optional
 
 import _common
 
-from babygpt.compare import outcome_counts, run_loss
+from babygpt.verdicts import outcome_counts, run_loss
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, reference_lines, save
 from babygpt.stats import lr_sensitivity

@@ -22,7 +22,7 @@ from typing import Optional
 import _common
 
 from babygpt.checkpoint import load_checkpoint
-from babygpt.compare import run_loss
+from babygpt.verdicts import run_loss
 from babygpt.errors import BabyGPTError
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, save

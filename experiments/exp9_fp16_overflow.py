@@ -28,7 +28,7 @@ from typing import Optional
 import _common
 import torch
 
-from babygpt.compare import run_loss
+from babygpt.verdicts import run_loss
 from babygpt.data import load_dataset
 from babygpt.files import write_csv
 from babygpt.norms import RMSNorm

@@ -346,7 +346,7 @@ def test_overwrite_keeps_the_old_results_until_the_new_ones_are_complete(tmp_pat
     """--overwrite writes aside, then swaps: the old results move to .NAME.replaced, whole, and go
     only when the new report is written; a command stopped before that leaves both, and running
     it again completes the swap. Other settings meanwhile are refused, naming where the old are."""
-    from babygpt import outdir
+    from babygpt import experimentdir
 
     out = str(tmp_path / "exp1")
     _common.claim(out, exp_args(), "exp1")
@@ -355,7 +355,7 @@ def test_overwrite_keeps_the_old_results_until_the_new_ones_are_complete(tmp_pat
     aside = tmp_path / ".exp1.replaced"
     _common.claim(out, exp_args("--quick", "--overwrite"), "exp1")  # ... and then the command is stopped
     assert {p.replace(str(aside), out): b for p, b in files_of(aside).items()} == old
-    outdir._PENDING.clear()  # a new process
+    experimentdir._PENDING.clear()  # a new process
     with pytest.raises(BabyGPTError, match="an earlier --overwrite of .* did not complete.*exp1.replaced"):
         _common.claim(out, exp_args("--overwrite"), "exp1")
     _common.claim(out, exp_args("--quick"), "exp1")  # the same command again (--overwrite or not) goes on
@@ -524,10 +524,10 @@ def test_cli_keeps_the_traceback_of_other_errors(error):
 
 
 def test_memory_check_uses_this_machine(monkeypatch):
-    from babygpt import resources
+    from babygpt import memory
 
     cfg = load_config(["--batch_size=4"])  # the defaults fit
-    monkeypatch.setattr(resources, "available_bytes", lambda device: 2**20)  # a machine with 1 MiB free
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 2**20)  # a machine with 1 MiB free
     with pytest.raises(BabyGPTError, match=r"needs at least .* more than the 0.0 GiB of memory free"):
         load_config(["--batch_size=4"])
     assert cfg.batch_size == 4

@@ -501,7 +501,7 @@ def test_exp2_beyond_tier_trains_the_frontiers_point_from_the_lrs_an_earlier_tie
 def test_exp2_table_draws_each_verdict_and_its_robustness_to_either_sides_runner_up(monkeypatch):
     monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
     import exp2_norm_comparison as exp2
-    from babygpt.compare import compare_table, floor_interval
+    from babygpt.verdicts import compare_table, floor_interval
 
     configs = {"base": "base.py", "var": "var.py"}
     plan = exp2.Plan("default", "out", configs, "base", [1e-3, 3e-3], [0, 1], [2, 3, 4])

@@ -150,10 +150,10 @@ class Faults:
 
 def _clear_pending_overwrites():
     """An experiment that failed part-way through --overwrite notes its directory for the rest of the
-    process (babygpt.outdir); in-process runs each start as a new process would."""
+    process (babygpt.experimentdir); in-process runs each start as a new process would."""
     with contextlib.suppress(ImportError, AttributeError):
-        from babygpt import outdir
-        outdir._PENDING.clear()
+        from babygpt import experimentdir
+        experimentdir._PENDING.clear()
 
 
 def in_process(fn, argv: list[str], faults: Faults | None) -> Outcome:

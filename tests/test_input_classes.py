@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from babygpt import cli, doctables, files, plot, resources
+from babygpt import cli, doctables, files, memory, plot
 from babygpt.bench import NOT_USED, read_args
 from babygpt.checkpoint import save_checkpoint
 from babygpt.config import FIELDS, MODEL_FIELDS, TrainConfig, build_config, load_config
@@ -246,9 +246,9 @@ GiB = 2**30
 
 
 @pytest.fixture
-def memory(monkeypatch):
+def eight_gib_free(monkeypatch):
     """This machine has 8 GiB free, whatever it really has: the refusals below do not depend on it."""
-    monkeypatch.setattr(resources, "available_bytes", lambda device: 8 * GiB)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 8 * GiB)
 
 
 @pytest.mark.parametrize("argv,fragment", [
@@ -261,13 +261,13 @@ def memory(monkeypatch):
     (["--diag_interval=1", "--block_size=65536", "--n_embd=8", "--n_head=8", "--n_layer=1", "--batch_size=1"],
      "or set diag_interval=0"),
 ])
-def test_sizes_beyond_memory_are_refused_before_anything_is_built(argv, fragment, memory):
+def test_sizes_beyond_memory_are_refused_before_anything_is_built(argv, fragment, eight_gib_free):
     with pytest.raises(BabyGPTError, match="needs at least") as err:
         load_config(["--device=cpu", *argv])
     assert fragment in str(err.value)
 
 
-def test_the_same_sizes_without_the_costly_part_are_not_refused(memory):
+def test_the_same_sizes_without_the_costly_part_are_not_refused(eight_gib_free):
     load_config(["--device=cpu", "--dropout=0", "--block_size=16384", "--n_embd=8", "--n_head=8", "--n_layer=1",
                  "--batch_size=4"])  # fused attention: no attention weights kept
     load_config(["--device=cpu", "--n_layer=1000", "--n_embd=1", "--n_head=1"])
@@ -275,7 +275,7 @@ def test_the_same_sizes_without_the_costly_part_are_not_refused(memory):
 
 def test_sampling_counts_the_kv_cache():
     cfg = GPTConfig(n_layer=64, n_embd=8, n_head=1, block_size=2**20)
-    cache = resources.inference_bytes(cfg, "cpu", kv_cache=True) - resources.inference_bytes(cfg, "cpu")
+    cache = memory.inference_bytes(cfg, "cpu", kv_cache=True) - memory.inference_bytes(cfg, "cpu")
     assert cache == 2 * 2 * 64 * 2**20 * 8  # keys and values, 2 bytes each at the least
 
 
@@ -300,8 +300,8 @@ print((built - before) / 2000, (rss() - before) / 2000)
 """
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     built, trained = map(float, out.stdout.split())
-    assert built >= resources.block_overhead("cpu", training=False)
-    assert trained >= resources.block_overhead("cpu", training=True)
+    assert built >= memory.block_overhead("cpu", training=False)
+    assert trained >= memory.block_overhead("cpu", training=True)
 
 
 # ============================================================ 1e. markdown that is not UTF-8

@@ -186,3 +186,49 @@ def test_every_committed_sweep_keeps_its_runs_in_a_store_and_no_run_directory_is
     assert [p for p in tracked if "/runs/" in p] == []
     stores = [p for p in tracked if p.endswith("/" + runstore.STORE)]
     assert stores and all(RunStore(os.path.join(ROOT, os.path.dirname(p))).records() for p in stores)
+
+
+def store_copy(root, directory, **machine):
+    """``root``'s store copied into ``directory``, each run's machine changed by ``machine``."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(root, runstore.STORE), encoding="utf-8") as f, \
+            open(os.path.join(directory, runstore.STORE), "w", encoding="utf-8") as out:
+        for line in f:
+            record = json.loads(line)
+            record["summary"]["machine"].update(machine)
+            out.write(json.dumps(record) + "\n")
+    return str(directory)
+
+
+def test_reuse_copies_runs_made_alike_and_trains_those_made_on_another_kind(trained, data_dir, tmp_path, capsys):
+    """--reuse takes a stored run of the same name and settings made on this kind of machine
+    instead of training it; one made on another CPU kind is trained here (a table is made on one
+    kind), and the sweep says which it did."""
+    root, runs, rows = trained
+    other_kind = store_copy(root, tmp_path / "elsewhere", cpu="Another CPU (AVX-512 bf16)")
+    mine = Sweep(str(tmp_path / "mine"), runs, BASE + [f"--data_dir={data_dir}"], reuse=[other_kind, root])
+    mine.check()
+    mine.copy_reused()
+    copied = mine.store.records()
+    assert list(copied) == [r.name for r in runs] and {c["copied_from"] for c in copied.values()} == {root}
+    assert all(files(copied[name]) == files(RunStore(root).get(name)) for name in copied)
+    err = capsys.readouterr().err
+    assert f"reused 2 run(s) from {root} (same settings, same kind of machine)" in err
+    assert f"--reuse {other_kind}: runs with these settings were made on Another CPU (AVX-512 bf16), " in err
+    # another kind only: nothing copied; other settings: nothing copied, nothing said
+    alone = Sweep(str(tmp_path / "alone"), runs, BASE + [f"--data_dir={data_dir}"], reuse=[other_kind])
+    alone.check()
+    alone.copy_reused()
+    assert alone.store.records() == {}
+    other = Sweep(str(tmp_path / "other"), runs, BASE + [f"--data_dir={data_dir}", "--dropout=0.1"], reuse=[root])
+    other.check()
+    other.copy_reused()
+    assert other.store.records() == {} and "reused" not in capsys.readouterr().err
+
+
+def test_reuse_names_a_directory_without_a_store(tmp_path, capsys):
+    from babygpt import sweep as sweep_module
+
+    with pytest.raises(BabyGPTError, match=r"--reuse 'nowhere' holds no runs.jsonl; pass sweep directories"):
+        sweep_module.main(["--grid", "learning_rate=1e-3", "--reuse", "nowhere", f"--out={tmp_path / 'o'}"])
+    assert not os.path.exists(tmp_path / "o")

@@ -53,7 +53,7 @@ def test_lr_sensitivity_caps_failures_at_the_initial_loss():
 
 
 def test_a_run_without_a_result_scores_as_infinitely_bad():
-    from babygpt.compare import run_loss
+    from babygpt.verdicts import run_loss
 
     by_lr = {1e-3: {"status": "finished", "val_loss_full": 2.3}, 3e-3: {"status": "collapsed", "val_loss_full": 3.3},
              1e-2: {"status": "diverged", "val_loss_full": None}, 3e-2: {"status": "diverged", "val_loss_full": 1.0}}
@@ -62,7 +62,7 @@ def test_a_run_without_a_result_scores_as_infinitely_bad():
 
 
 def test_table_cells_of_seeds_and_outcomes():
-    from babygpt.compare import floor_interval, mean_interval, outcome_counts, pairs_of
+    from babygpt.verdicts import floor_interval, mean_interval, outcome_counts, pairs_of
 
     # a seed where either configuration diverged has no pair
     assert pairs_of([2.0, math.inf, 2.1], [2.1, 2.2, math.inf]) == [pytest.approx(-0.1)]
@@ -133,7 +133,7 @@ def test_holm_adjusts_in_steps_and_keeps_the_order():
 
 
 def test_a_table_draws_better_worse_equivalent_and_inconclusive_together():
-    from babygpt.compare import EQUIVALENCE_MARGIN, compare_table
+    from babygpt.verdicts import EQUIVALENCE_MARGIN, compare_table
 
     base = [2.10, 2.20, 2.15, 2.12, 2.18]
     losses = {"base": base,
@@ -163,7 +163,7 @@ def test_a_table_draws_better_worse_equivalent_and_inconclusive_together():
 
 
 def test_a_difference_too_small_to_matter_is_still_reported_when_measured():
-    from babygpt.compare import compare_table
+    from babygpt.verdicts import compare_table
 
     base = [2.10, 2.20, 2.15, 2.12, 2.18]
     tiny = [b + 0.002 + e for b, e in zip(base, [0.0001, -0.0001, 0.0, 0.0002, -0.0002])]

@@ -1,4 +1,4 @@
-"""How a table's verdicts are designed (babygpt/compare.py, babygpt/stats.py): the loss each run
+"""How a table's verdicts are designed (babygpt/verdicts.py, babygpt/stats.py): the loss each run
 counts at, Holm's intervals where it stopped, how many pairs would decide, and leave-one-seed-out."""
 
 import csv
@@ -11,7 +11,7 @@ import statistics
 import numpy as np
 import pytest
 
-from babygpt.compare import (EQUIVALENCE_MARGIN, compare_table, count_cell, leave_one_seed_out, loss_split,
+from babygpt.verdicts import (EQUIVALENCE_MARGIN, compare_table, count_cell, leave_one_seed_out, loss_split,
                              reported_loss, run_loss, split_sentence, tuning_loss, verdict_loss)
 from babygpt.errors import BabyGPTError
 from babygpt.stats import (MAX_PAIRS, PairedTest, pairs_for_difference, pairs_for_equivalence,
