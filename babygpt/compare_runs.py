@@ -8,12 +8,14 @@ seeds, each configuration at its own tuned LR, corrected intervals: experiments/
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from dataclasses import dataclass
 from typing import Optional
 
 from .errors import BabyGPTError
+from .config import TrainConfig, to_dict
 from .files import output_file_problems
 from .ngram import label, strongest
 from .options import option, parse_into
@@ -21,6 +23,7 @@ from .rundir import RunDir, latest_config, read_record, read_summary
 from .runstore import expand_runs, stored
 
 # Keys that say where or how a run ran, not what it is: never shown as a difference.
+DEFAULTS = to_dict(TrainConfig())  # what a key a record lacks ran at
 NOT_COMPARED = ("out_dir", "init_from", "device", "compile", "log_interval", "eval_interval", "eval_iters")
 
 
@@ -43,8 +46,9 @@ class RunRecord:
 
 def read_run(path: str) -> RunRecord:
     """The records of the run in ``path`` (a run directory, or ``<sweep>/runs/<name>`` of a run its
-    sweep stored); a path that is not a run, or a damaged record, is refused by name (a run with no
-    summary yet is shown as such)."""
+    sweep stored); a path that is not a run, or a damaged record (a field of the wrong type
+    included: records are input like any other), is refused by name. A run with no summary yet is
+    shown as such."""
     record = stored(path)
     if record is not None:
         info, summary, rows = record["config"], record["summary"], record["metrics"]
@@ -55,18 +59,47 @@ def read_run(path: str) -> RunRecord:
                                f"run")
         info, summary, rows = read_record(rundir.config, ("config",)), read_summary(rundir.summary), \
             rundir.metrics_rows()
-    config = latest_config(info)
-    if config is None:
-        raise BabyGPTError(f"{os.path.join(path, 'config.json')} is damaged (no settings in its last start); "
-                           f"restore it")
-    speeds = [r["tokens_per_s"] for r in rows if isinstance(r.get("tokens_per_s"), (int, float))]
-    return RunRecord(path, config, info.get("num_params"), summary, statistics.median(speeds) if speeds else None)
+    problem = record_problem(info, summary)
+    if problem:
+        raise BabyGPTError(f"{os.path.join(path, problem[0])} is damaged ({problem[1]}); restore it, or leave that "
+                           f"run out")
+    speeds = [r["tokens_per_s"] for r in rows if _is_number(r.get("tokens_per_s"))]
+    return RunRecord(path, latest_config(info), info.get("num_params"), summary,
+                     statistics.median(speeds) if speeds else None)
+
+
+def _is_number(value) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def record_problem(info: dict, summary: dict | None) -> tuple[str, str] | None:
+    """(file, what is wrong) for the first field compare.py reads that has the wrong type, or None."""
+    if not isinstance(info.get("resumes", []), list):
+        return "config.json", f"its resumes is {type(info['resumes']).__name__}, not a list of starts"
+    if latest_config(info) is None:
+        return "config.json", "no settings in its last start"
+    if info.get("num_params") is not None and type(info["num_params"]) is not int:
+        return "config.json", f"its num_params is {info['num_params']!r}, not a whole number"
+    refs = (summary or {}).get("references")
+    if refs is not None and not (isinstance(refs, dict) and all(_is_number(v) for v in refs.values())):
+        return "summary.json", f"its references is {str(refs)[:40]!r}, not a table of n-gram losses"
+    return None
+
+
+def setting(run: RunRecord, key: str):
+    """The run's value of ``key``; a key its record lacks was added since it ran: it ran at its default."""
+    return run.config.get(key, DEFAULTS.get(key, "—"))
 
 
 def differing_keys(runs: list[RunRecord]) -> list[str]:
     """The config keys whose values are not the same in every run, in config order."""
     keys = list(dict.fromkeys(k for r in runs for k in r.config))
-    return [k for k in keys if k not in NOT_COMPARED and len({repr(r.config.get(k)) for r in runs}) > 1]
+    return [k for k in keys if k not in NOT_COMPARED and len({repr(setting(r, k)) for r in runs}) > 1]
+
+
+def cell(value) -> str:
+    """A table cell: a | or a line break in a path or a value would split the row."""
+    return str(value).replace("|", "\\|").replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _loss(value) -> str:
@@ -80,7 +113,7 @@ def table(runs: list[RunRecord]) -> str:
     rows = []
     for r in runs:
         s = r.summary or {}
-        rows.append([r.path, r.status, *(str(r.config.get(k, "—")) for k in keys),
+        rows.append([cell(r.path), r.status, *(cell(setting(r, k)) for k in keys),
                      f"{r.num_params / 1e6:.2f}M" if r.num_params else "—",
                      _loss(s.get("best_val_loss")), _loss(s.get("final_val_loss")), _loss(s.get("val_loss_full")),
                      f"{s['wall_time_s']:.0f}" if isinstance(s.get("wall_time_s"), (int, float)) else "—",
@@ -89,16 +122,22 @@ def table(runs: list[RunRecord]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
-def floors_line(runs: list[RunRecord]) -> str | None:
-    """The data's floors the runs recorded: the unigram (the collapse line) and the strongest n-gram."""
-    refs = next((r.summary["references"] for r in runs if r.summary and isinstance(r.summary.get("references"), dict)),
-                None)
-    if not refs:
-        return None
-    best = strongest(refs)
-    shown = [("unigram", refs["unigram"])] if "unigram" in refs else []
-    return "floors of the data (val loss of n-gram models): " + ", ".join(
-        f"{label(k)} {v:.4f}" for k, v in shown + ([best] if best else []))
+def floors_lines(runs: list[RunRecord]) -> list[str]:
+    """The data's floors the runs recorded: the unigram (the collapse line) and the strongest n-gram;
+    one line for each corpus (data_dir) the runs trained on, when they trained on more than one."""
+    by_data: dict[str, dict] = {}
+    for r in runs:
+        refs = (r.summary or {}).get("references")
+        if refs:
+            by_data.setdefault(str(setting(r, "data_dir")), refs)
+    lines = []
+    for data_dir, refs in by_data.items():
+        best = strongest(refs)
+        shown = [("unigram", refs["unigram"])] if "unigram" in refs else []
+        where = f" {cell(data_dir)}" if len(by_data) > 1 else ""
+        lines.append(f"floors of the data{where} (val loss of n-gram models): " + ", ".join(
+            f"{label(k)} {v:.4f}" for k, v in shown + ([best] if best else [])))
+    return lines
 
 
 NO_VERDICT = ("one run per configuration supports no verdict: seeds alone move the loss by a few hundredths. "
@@ -125,10 +164,15 @@ def main(argv: list[str]) -> int:
     args = parse_into(CompareOptions, argv, "python compare.py RUN_DIR RUN_DIR... [--plot FILE]",
                       "Put finished runs side by side: what differs between them, their losses, their cost.")
     runs = [read_run(path) for path in expand_runs(args.runs)]
+    if args.plot:  # refused before anything is printed or written, as babygpt.plot refuses it
+        from .plot import drawable_problem, load_run
+
+        empty = [drawable_problem(load_run(r.path), ("loss", "val_loss")) for r in runs]
+        if any(empty):
+            raise BabyGPTError(*[p for p in empty if p])
     print(table(runs))
-    floors = floors_line(runs)
-    if floors:
-        print(floors)
+    for line in floors_lines(runs):
+        print(line)
     if not differing_keys(runs):
         print("the runs have the same settings (only where they ran differs)")
     print(NO_VERDICT)

@@ -126,8 +126,9 @@ class TrainConfig(Checked):
             problems.append(f"lr_decay_iters ({self.lr_decay_iters}) must be >= warmup_iters ({self.warmup_iters})")
         if not 0 <= self.seed < 2**32:
             problems.append(f"seed must be in [0, 2**32), got {self.seed}")
-        if self.tensorboard and tracker.missing_problem():
-            problems.append(tracker.missing_problem())
+        broken = tracker.missing_problem() if self.tensorboard else None
+        if broken:
+            problems.append(broken)
         placement = self.model.placement_class
         if placement is not None and placement.on_sphere and self.weight_decay != 0:
             problems.append(f"norm_placement {self.model.norm_placement} renormalizes its matrices after every step, "

@@ -72,6 +72,11 @@ class OutputDir:
             raise BabyGPTError(f"an earlier --overwrite of '{path}' did not complete: the results it replaces are "
                                f"in '{self.aside}'; run that command again to complete it, or move them back "
                                f"(delete '{path}', then rename '{self.aside}' to it)")
+        if self.replace and self.collect:  # the runs --collect reads are the ones --overwrite would move away
+            raise BabyGPTError(f"--collect reads the runs in {path}, but it {self._describe(had)}: it holds no "
+                               f"runs of these settings to read (--overwrite would only move those aside); collect "
+                               f"with the settings they were made with, or drop --collect to train these (nothing "
+                               f"was changed)")
         if self.replace and not self.overwrite:
             raise BabyGPTError(f"{path} {self._describe(had)}; write these results elsewhere with --out DIR, or "
                                f"pass --overwrite to replace them (nothing was changed)")

@@ -67,7 +67,10 @@ def read_record(path: str, required: tuple[str, ...] = ()) -> dict | None:
 def latest_config(record: dict) -> dict | None:
     """The settings of a run's latest start, from its config.json ``record`` (the last resume's, or
     the first start's); None if that record holds none."""
-    latest = (record.get("resumes") or [record])[-1]
+    resumes = record.get("resumes")
+    if resumes is not None and not isinstance(resumes, list):
+        return None  # damaged: its readers refuse it
+    latest = (resumes or [record])[-1]
     config = latest.get("config") if isinstance(latest, dict) else None
     return config if isinstance(config, dict) else None
 

@@ -320,8 +320,8 @@ class Sweep(SweepDir):
         states = {k: shard_state(self.root, Shard(k, count)) for k in range(count)}
         return ", ".join(f"shard {k}/{count} {state}" for k, state in states.items())
 
-    def _collected(self) -> list[dict]:
-        """The results of runs other processes trained (--collect): all must have finished."""
+    def check_collectable(self) -> None:
+        """--collect: every run has finished (checked before anything is written)."""
         missing = [r for r in self.runs if self.status(r) not in DONE]
         if missing:
             count = recorded_split(self.root)
@@ -329,6 +329,10 @@ class Sweep(SweepDir):
             raise BabyGPTError(f"{len(missing)} of {len(self.runs)} runs in {self.root} have not finished "
                                f"(first: {missing[0].name}{owner}; {self._shard_states()}); run the shards that "
                                f"own them again, or this command without --collect to train them here")
+
+    def _collected(self) -> list[dict]:
+        """The results of runs other processes trained (--collect): all must have finished."""
+        self.check_collectable()
         self.check_made_alike()
         self.pack_finished()
         rows = [self.result(r, None) for r in self.runs]

@@ -13,15 +13,31 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import tempfile
 
 LOG_DIR = "tensorboard"
 INSTALL = "pip install tensorboard (or pip install -e '.[tensorboard]')"
 
 
 def missing_problem() -> str | None:
-    """Why ``tensorboard = True`` cannot work here (the package is not installed), or None."""
+    """Why ``tensorboard = True`` cannot work here, or None: the package is not installed, or it is
+    found but does not work (a broken install, or a stray directory named ``tensorboard`` on the
+    path). Checked by writing one scalar into a temporary directory, before the run writes anything."""
     if importlib.util.find_spec("tensorboard") is None:
         return f"tensorboard = True needs the tensorboard package, which is not installed: {INSTALL}"
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+
+        with tempfile.TemporaryDirectory() as scratch:
+            writer = SummaryWriter(scratch)
+            writer.add_scalar("check", 1.0, global_step=0)
+            writer.close()
+    except Exception as e:  # noqa: BLE001  (whatever a broken install raises, the fix is the same)
+        where = getattr(importlib.util.find_spec("tensorboard"), "origin", None) or \
+            ", ".join(getattr(importlib.util.find_spec("tensorboard"), "submodule_search_locations", None) or [])
+        reason = (str(e).splitlines() or [""])[0][:120]
+        return (f"tensorboard = True, but the tensorboard package found ({where}) does not work "
+                f"({type(e).__name__}: {reason}); reinstall it ({INSTALL}), or move aside what shadows it")
     return None
 
 

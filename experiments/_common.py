@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import signal
 import sys
@@ -158,6 +159,8 @@ def claim(path: str, args, name: str, sweep=None) -> str:
     out.check()
     if sweep is not None:
         sweep.check(on_disk=not out.replace)
+        if getattr(args, "collect", False):  # the runs it reads first: nothing is written for a collect that cannot be
+            sweep.check_collectable()
     if getattr(args, "data_dir", None):  # the data's problems show now, before --out is touched
         load_dataset(args.data_dir)
     return out.claim()
@@ -494,6 +497,43 @@ def initial_loss(run_dir: str) -> float:
     return first["val_loss"]
 
 
+MAX_SECONDS = 3600  # an experiment whose estimated compute exceeds this is refused: its defaults take minutes
+
+
+def seconds_for(flops: float) -> float:
+    """About the least time ``flops`` floating-point operations take here: at the rate of the fastest
+    of ten (4096, 512) x (512, 512) float32 matrix products timed now, near this CPU's peak."""
+    import torch
+
+    a, w = torch.randn(4096, 512), torch.randn(512, 512)
+    for _ in range(3):  # (warm-up: the thread pool, the caches)
+        a @ w
+    fastest = math.inf
+    for _ in range(10):
+        start = time.perf_counter()
+        a @ w
+        fastest = min(fastest, time.perf_counter() - start)
+    return fastest / (2 * 4096 * 512 * 512) * flops
+
+
+def size_problems(what: str, needed_bytes: int, flops: float, fix: str) -> list[str]:
+    """``what`` refused, with the figure, when it needs more memory than is free, or an estimated
+    time above MAX_SECONDS (checked before anything is written: a size that would be killed by the
+    OS, or run for hours, is a typo more often than a plan)."""
+    import torch
+
+    from babygpt.memory import memory_problem
+
+    problem = memory_problem(needed_bytes, torch.device("cpu"), what, fix)
+    if problem:
+        return [problem]
+    seconds = seconds_for(flops)
+    if seconds > MAX_SECONDS:
+        return [f"{what} would take at least {seconds / 3600:,.1f} hours of matrix products on this machine, more "
+                f"than the {MAX_SECONDS // 60} minutes an experiment here allows; {fix}"]
+    return []
+
+
 def read_record(paths, configs) -> dict:
     """{"tuned": {name: LR}, "second": {name: runner-up LR}} from default-tier output directories
     (a path or a list; for each configuration, the first directory that tuned it)."""
@@ -506,6 +546,12 @@ def read_record(paths, configs) -> dict:
                                f"(python experiments/exp2_norm_comparison.py with the same --configs) or pass --tuned_from DIR")
         records.append(tuple(record.get(key) if isinstance(record.get(key), dict) else {}
                              for key in ("tuned", "second")))
+        damaged = [(key, name, lrs[name]) for key, lrs in zip(("tuned", "second"), records[-1]) for name in configs
+                   if lrs.get(name) is not None and not _is_lr(lrs[name])]
+        if damaged:
+            key, name, value = damaged[0]
+            raise BabyGPTError(f"{os.path.join(path, TUNED_FILE)} is damaged: its {key} LR for {name} is {value!r}, "
+                               f"not a positive number; restore it (git checkout), or run that tier again")
     tuned, second = {}, {}
     for name in configs:
         found = next(((t, s) for t, s in records if isinstance(t.get(name, ""), (int, float, type(None)))), None)
@@ -519,6 +565,10 @@ def read_record(paths, configs) -> dict:
         raise BabyGPTError(f"{where} has no tuned LR for {', '.join(missing)}; run the default tier with these "
                            f"configurations first")
     return {"tuned": tuned, "second": second}
+
+
+def _is_lr(value) -> bool:
+    return type(value) in (int, float) and math.isfinite(value) and value > 0
 
 
 def read_tuned(path: str, configs) -> dict:

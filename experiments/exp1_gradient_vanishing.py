@@ -20,6 +20,7 @@ import _common
 import torch
 import torch.nn as nn
 
+from babygpt.errors import BabyGPTError
 from babygpt.files import write_csv
 from babygpt.norms import build_norm
 from babygpt.options import option
@@ -62,10 +63,23 @@ def measure(depth: int, width: int, batch: int, norm: str, activation: str, seed
     return stds, grads
 
 
+def memory_bytes(depth: int, width: int, batch: int) -> int:
+    """One measured network: each block's float32 weight and its gradient (2 x width^2), and the three
+    (batch, width) activations per block (Linear, norm, activation) kept for the backward pass."""
+    return 4 * depth * (2 * width * width + 3 * batch * width)
+
+
 def main(argv):
     exp = _common.begin(Exp1Options, argv, "exp1_gradient_vanishing", __doc__)
-    args, out = exp.args, exp.claim()
+    args = exp.args
     width, batch, seeds = (64, 64, 2) if args.quick else (256, 1024, 10)
+    # forward and backward: about three (batch, width) x (width, width) products a block, per network
+    too_big = _common.size_problems(f"experiment 1 at --depth={args.depth} (width {width}, batch {batch})",
+                                    memory_bytes(args.depth, width, batch),
+                                    3 * 2 * batch * width * width * args.depth * seeds * len(NORMS), "lower --depth")
+    if too_big:
+        raise BabyGPTError(*too_big)
+    out = exp.claim()
 
     results = {}
     for norm in NORMS:

@@ -29,7 +29,9 @@ import _common
 import torch
 
 from babygpt.data import BatchSampler, load_dataset
+from babygpt.errors import BabyGPTError
 from babygpt.files import write_csv
+from babygpt.memory import num_params_lower_bound, training_bytes
 from babygpt.model import GPT, INITS, GPTConfig
 from babygpt.options import option
 from babygpt.plot import new_figure, save
@@ -51,13 +53,33 @@ class Shape:
 SHAPES = {"quick": Shape(32, 4, 8, 16), "default": Shape(128, 32, 32, 64)}
 
 
+def model_config(n_layer: int, shape: Shape, vocab: int, **keys) -> GPTConfig:
+    return GPTConfig(vocab_size=vocab, block_size=shape.block_size, n_layer=n_layer, n_head=4, n_embd=shape.width,
+                     **keys)
+
+
+def model_bytes(n_layer: int, shape: Shape, vocab: int) -> int:
+    """A lower bound on one measured model's memory: training's (babygpt.memory) less AdamW's two
+    moments (8 bytes a parameter), which nothing here allocates."""
+    m = model_config(n_layer, shape, vocab)
+    return training_bytes(m, shape.batch_size) - 8 * num_params_lower_bound(n_layer, shape.width, shape.block_size,
+                                                                            vocab)
+
+
+def compute_flops(depths: list[int], shape: Shape, vocab: int) -> float:
+    """The models of one placement and init: 6 flops a parameter a token over the gradient's batches,
+    and 2 per parameter per token for each forward of the output-change probe."""
+    tokens = shape.batch_size * shape.block_size
+    params = [num_params_lower_bound(d, shape.width, shape.block_size, vocab) for d in depths]
+    return sum(p * tokens * (6 * shape.batches + 2 * (PROBE_DRAWS + 1)) for p in params)
+
+
 def model_at_init(placement: str, init: str, n_layer: int, shape: Shape, vocab: int, profile_idx: torch.Tensor,
                   seed: int = 0) -> GPT:
     """The model as training starts: built, then profiled on ``profile_idx`` (B, T) where its placement
     sets its init from a forward pass (Admin's omega), as a run from scratch is."""
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(vocab_size=vocab, block_size=shape.block_size, n_layer=n_layer, n_head=4,
-                          n_embd=shape.width, norm_type="layernorm", norm_placement=placement, init=init))
+    model = GPT(model_config(n_layer, shape, vocab, norm_type="layernorm", norm_placement=placement, init=init))
     model.profile_init(profile_idx)
     return model
 
@@ -167,9 +189,15 @@ def main(argv):
     args = exp.args
     placements, inits = args.placements.split(","), args.inits.split(",")
     depths = sorted({int(d) for d in (args.depths or ("2,4" if args.quick else "2,4,6,12,24")).split(",")})
-    out = exp.claim()
     train, _, tok = load_dataset(args.data_dir)
     shape = SHAPES[exp.tier]
+    too_big = _common.size_problems(f"experiment 4 at n_layer={depths[-1]} (width {shape.width})",
+                                    model_bytes(depths[-1], shape, tok.vocab_size),
+                                    compute_flops(depths, shape, tok.vocab_size) * len(placements) * len(inits),
+                                    "lower --depths")
+    if too_big:
+        raise BabyGPTError(*too_big)
+    out = exp.claim()
     probe_idx = BatchSampler(train, shape.block_size, shape.batch_size, seed=4321).next_batch()[0]  # (B, T)
 
     norms, change = {}, {}

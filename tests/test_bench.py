@@ -1,4 +1,5 @@
-"""bench.py end to end on a tiny model (figures are printed, never asserted against a speed)."""
+"""bench.py (babygpt/bench.py): end to end on a tiny model (figures are printed, never asserted against
+a speed), its table, and its --help."""
 
 import json
 
@@ -7,12 +8,11 @@ import pytest
 from babygpt.bench import NOT_USED
 from conftest import TINY_TRAIN_ARGS, assert_refused_in_process, prepare_small_data, run_script
 
-pytestmark = pytest.mark.slow  # runs bench.py as a process
-
 # bench.py refuses the training keys it has no use for (schedule, evaluation, logging) on its command line.
 BENCH_ARGS = [a for a in TINY_TRAIN_ARGS if a[2:].partition("=")[0] not in NOT_USED]
 
 
+@pytest.mark.slow
 def test_bench_prints_table_and_writes_json(tmp_path):
     data = prepare_small_data(tmp_path)
     proc = run_script("bench.py", *BENCH_ARGS, f"--data_dir={data}", "--windows=2", "--window_iters=2",
@@ -31,6 +31,7 @@ def test_bench_prints_table_and_writes_json(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "corpus.txt", "data"]  # no run dir left
 
 
+@pytest.mark.slow
 def test_bench_bad_flag(tmp_path, monkeypatch, capsys):
     """Refused before anything runs: bench.py's main through babygpt.cli.run, as bench.py calls it,
     in this process (bench.py itself runs as a process above)."""
@@ -40,6 +41,7 @@ def test_bench_bad_flag(tmp_path, monkeypatch, capsys):
     assert_refused_in_process(main, ["--windows=many"], capsys, "windows must be an integer, got 'many'")
 
 
+@pytest.mark.slow
 def test_the_table_names_each_emulated_dtype():
     from babygpt.bench import by_dtype_note
 
@@ -48,6 +50,7 @@ def test_the_table_names_each_emulated_dtype():
     assert by_dtype_note({"float32": 69e9, "bfloat16": 140e9, "float16": 60e9}) == ""
 
 
+@pytest.mark.slow
 def test_an_emulated_dtype_gets_no_mfu():
     from babygpt.bench import format_table
 
@@ -60,3 +63,13 @@ def test_an_emulated_dtype_gets_no_mfu():
          "sample_tokens_per_s_cached": 10.0, "sample_tokens_per_s_uncached": 5.0, "kv_cache_speedup": 2.0}
     mfu = next(line for line in format_table(r).splitlines() if line.startswith("MFU"))
     assert "bfloat16 is emulated on this machine" in mfu and "%" not in mfu
+
+
+def test_bench_help_lists_only_the_keys_bench_reads(capsys):
+    from babygpt.bench import NOT_USED, read_args
+    from babygpt.options import ShowHelp
+
+    with pytest.raises(ShowHelp) as shown:
+        read_args(["--help"])
+    listed = {line.split()[0][2:] for line in str(shown.value).splitlines() if line.strip().startswith("--")}
+    assert "learning_rate" in listed and "n_layer" in listed and not listed & set(NOT_USED)

@@ -1,4 +1,5 @@
-"""train.py, sample.py and prepare.py end to end, as a user runs them (CPU, tiny model)."""
+"""The command-line scripts train.py, sample.py and prepare.py end to end, as a user runs them (CPU,
+tiny model); and train.py's messages, in process: a schedule cut short, a resume's changed settings."""
 
 import json
 import os
@@ -8,10 +9,13 @@ import sys
 import pytest
 import torch
 
+from babygpt import cli
+from babygpt.config import TrainConfig, load_config
+from babygpt.trainer import train
 from conftest import ROOT, TINY_TRAIN_ARGS as TINY, prepare_small_data, run_script
 from conftest import assert_user_error as conftest_assert_user_error
 
-pytestmark = pytest.mark.slow  # every test here runs the scripts as processes
+# The end-to-end tests run the scripts as processes: each is marked slow.
 
 
 def run(script, *args, cwd):
@@ -37,6 +41,7 @@ def run_dir(tmp_path_factory):
     return work, proc
 
 
+@pytest.mark.slow
 def test_training_run_writes_checkpoint_config_and_metrics(run_dir):
     work, proc = run_dir
     out = work / "out"
@@ -56,6 +61,7 @@ def test_training_run_writes_checkpoint_config_and_metrics(run_dir):
     assert (out / "best.pt").exists()
 
 
+@pytest.mark.slow
 def test_resume_continues_the_iteration_count(run_dir, tmp_path):
     work, _ = run_dir
     out = tmp_path / "resumed"
@@ -72,6 +78,7 @@ def test_resume_continues_the_iteration_count(run_dir, tmp_path):
     assert resumes[0]["iter"] == 20
 
 
+@pytest.mark.slow
 def test_scratch_run_refuses_to_overwrite_a_run(run_dir):
     work, _ = run_dir
     before = (work / "out" / "ckpt.pt").read_bytes()
@@ -80,6 +87,7 @@ def test_scratch_run_refuses_to_overwrite_a_run(run_dir):
     assert (work / "out" / "ckpt.pt").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_resume_with_other_architecture_is_refused(run_dir):
     work, _ = run_dir
     args = [a for a in TINY if not a.startswith("--n_layer")]
@@ -88,6 +96,7 @@ def test_resume_with_other_architecture_is_refused(run_dir):
     assert_user_error(proc, "different architecture", "n_layer=2 there, 3 here")
 
 
+@pytest.mark.slow
 def test_sample_from_checkpoint(run_dir):
     work, _ = run_dir
     proc = run("sample.py", "--ckpt=out/ckpt.pt", "--start=To be", "--num_samples=2",
@@ -99,6 +108,7 @@ def test_sample_from_checkpoint(run_dir):
         assert s.startswith("To be") and len(s) == len("To be") + 30 + 1  # prompt + new + newline
 
 
+@pytest.mark.slow
 def test_sample_greedy_is_reproducible_and_reads_file_prompts(run_dir):
     work, _ = run_dir
     (work / "prompt.txt").write_text("12: To be")
@@ -109,6 +119,7 @@ def test_sample_greedy_is_reproducible_and_reads_file_prompts(run_dir):
     assert from_file.stdout == inline.stdout and from_file.stdout.startswith("12: To be")
 
 
+@pytest.mark.slow
 def test_sample_kv_cache_and_recomputation_print_the_same_text(run_dir):
     work, _ = run_dir
     args = ["--ckpt=out/ckpt.pt", "--start=To be", "--num_samples=2", "--max_new_tokens=60", "--device=cpu"]
@@ -117,12 +128,14 @@ def test_sample_kv_cache_and_recomputation_print_the_same_text(run_dir):
     assert cached.returncode == 0 and cached.stdout == recomputed.stdout
 
 
+@pytest.mark.slow
 def test_sample_rejects_out_of_vocabulary_prompt(run_dir):
     work, _ = run_dir
     proc = run("sample.py", "--ckpt=out/ckpt.pt", "--start=Zebra!", "--device=cpu", cwd=work)
     assert_user_error(proc, "not in the model's vocabulary", "'Z'", "'!'")
 
 
+@pytest.mark.slow
 def test_train_help_lists_keys(tmp_path):
     proc = run("train.py", "--help", cwd=tmp_path)
     assert proc.returncode == 0
@@ -130,12 +143,14 @@ def test_train_help_lists_keys(tmp_path):
         assert key in proc.stdout
 
 
+@pytest.mark.slow
 def test_train_reports_config_problems_without_traceback(tmp_path):
     proc = run("train.py", "--learnig_rate=1", "--n_embd=100", "--n_head=3", cwd=tmp_path)
     assert_user_error(proc, "did you mean 'learning_rate'", "divisible by n_head")
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_prepare_script_with_input(tmp_path):
     (tmp_path / "my.txt").write_text("hello world\n" * 50)
     proc = run("data/shakespeare_char/prepare.py", "--input=my.txt", "--data_dir=mine", cwd=tmp_path)
@@ -146,6 +161,7 @@ def test_prepare_script_with_input(tmp_path):
     assert (tmp_path / "mine" / "train.bin").stat().st_size == 2 * 540
 
 
+@pytest.mark.slow
 def test_sample_into_a_closed_pipe_is_quiet(run_dir):
     """sample.py ... | head: the reader goes away; no traceback."""
     work, _ = run_dir
@@ -156,3 +172,48 @@ def test_sample_into_a_closed_pipe_is_quiet(run_dir):
     proc.stdout.close()
     _, err = proc.communicate(timeout=60)
     assert b"Traceback" not in err and proc.returncode == 0, err
+
+
+# ------------------------------------------------------------------ train.py's messages, in process
+
+
+@pytest.mark.parametrize("keys,fragment", [
+    ({"max_iters": 30, "warmup_iters": 100, "eval_interval": 10}, f"never reaches {TrainConfig().learning_rate:g}"),
+    ({"max_iters": 300, "eval_interval": 400, "warmup_iters": 10}, "evaluated at iterations 0, 300 only"),
+    ({"max_iters": 300, "lr_decay_iters": 600, "eval_interval": 100, "warmup_iters": 10}, "stops before its learning rate decays"),
+])
+def test_a_schedule_cut_short_is_named(keys, fragment):
+    warnings = TrainConfig(**keys).schedule_warnings()
+    assert len(warnings) == 1 and fragment in warnings[0]
+
+
+def test_the_default_schedule_has_no_warning():
+    assert TrainConfig().schedule_warnings() == []
+
+
+@pytest.fixture(scope="module")
+def run_in_process(tmp_path_factory):
+    root = tmp_path_factory.mktemp("in_process")
+    data_dir = prepare_small_data(root)
+    argv = [f"--data_dir={data_dir}", f"--out_dir={root / 'run'}", *TINY, "--max_iters=10"]
+    train(load_config(argv))
+    return root / "run", argv
+
+
+@pytest.mark.slow
+def test_a_resumed_run_says_where_it_resumes_and_which_settings_it_changes(run_in_process, capsys):
+    """A resume takes its settings from the command line and today's defaults, not the checkpoint:
+    each one that differs from the run's last start is named, the same settings give no warning."""
+    from babygpt.rundir import RunDir
+    from babygpt.trainer import resume_changes
+
+    out, argv = run_in_process
+    assert resume_changes(RunDir(str(out)), load_config([*argv, "--init_from=resume"])) is None
+    assert cli.run(cli.train_main, [*argv, "--max_iters=20", "--init_from=resume"]) == 0
+    captured = capsys.readouterr()
+    assert f"resuming from iteration 10 of 20 ({out}/ckpt.pt)" in captured.out
+    assert "changes settings from the run's last start: max_iters 10 -> 20;" in captured.err
+    lr = TrainConfig().learning_rate  # the run started at the default: a default changed since reads the same
+    assert cli.run(cli.train_main, [*argv, "--max_iters=30", f"--learning_rate={lr / 2}", "--init_from=resume"]) == 0
+    warning = [line for line in capsys.readouterr().err.splitlines() if "changes settings" in line]
+    assert len(warning) == 1 and f"learning_rate {lr!r} -> {lr / 2!r}, max_iters 20 -> 30;" in warning[0]

@@ -1,21 +1,18 @@
-"""The sweep engine, the plot module and every experiment's --quick mode."""
+"""The experiments (experiments/*.py and their shared experiments/_common.py): each one's options,
+its --quick mode end to end, its tables, plots and reports, and the records it reads."""
 
 import csv
 import json
 import math
 import os
 import re
-import subprocess
-import sys
 import types
 
 import pytest
 import torch
 
 from babygpt.errors import BabyGPTError
-from babygpt.plot import diverged_at, load_run
-from babygpt.state import COMPLETED
-from babygpt.sweep import DONE, Run, Sweep, grid
+from babygpt.sweep import DONE
 from conftest import ROOT, TINY_TRAIN_ARGS, assert_refused_in_process, prepare_small_data, run_script
 
 BASE = [a for a in TINY_TRAIN_ARGS if not a.startswith("--device")]
@@ -94,109 +91,6 @@ def test_experiment_options_are_checked_before_anything_runs(monkeypatch):
         _common.parse(Exp6Options, ["--lrs=3e-3,3e-3"], "exp6_postln_collapse", "doc")
     runs = arm_runs([1e-2, 3e-3], 2, 5)
     assert list(runs)[0] == ("baseline", 1e-2) and len(runs) == 16 and all(len(rs) == 2 for rs in runs.values())
-
-
-def test_grid_and_run_names():
-    combos = grid({"norm_type": ["layernorm", "rmsnorm"], "learning_rate": [1e-3, 3e-3]})
-    assert len(combos) == 4 and {"norm_type": "rmsnorm", "learning_rate": 3e-3} in combos
-    run = Run({"norm_type": "rmsnorm", "learning_rate": 0.001}, seed=2, config="config/prenorm_ln.py")
-    # prenorm_ln.py sets norm_type, which the run overrides: its name leads with what it is
-    assert run.name == "norm_type=rmsnorm__learning_rate=0.001__from=prenorm_ln__seed=2"
-    with pytest.raises(BabyGPTError, match="unknown config key"):
-        Run({"learnig_rate": 1e-3}, 0)
-
-
-DIVERGING = {"norm_type": "none", "learning_rate": 1e3, "weight_decay": 0.0, "grad_clip": 0.0, "warmup_iters": 0,
-             "min_lr": 0.0, "log_interval": 1}
-
-
-@pytest.fixture(scope="module")
-def small_sweep(data_dir, tmp_path_factory):
-    """A finished two-run sweep: one normal run, one that diverges."""
-    runs = [Run({"norm_type": "rmsnorm"}, 0), Run(DIVERGING, 0)]
-    sweep = Sweep(str(tmp_path_factory.mktemp("sweep")), runs,
-                  BASE + [f"--data_dir={data_dir}", "--max_iters=20"], jobs=2)
-    return sweep, runs, sweep.run(progress=False)
-
-
-@pytest.mark.slow
-def test_sweep_runs_skips_finished_resumes_killed_and_reads_divergence(small_sweep):
-    sweep, runs, first = small_sweep
-    rows = {r["name"]: r for r in first}
-    ok, bad = rows[runs[0].name], rows[runs[1].name]
-    assert ok["status"] in COMPLETED and ok["exit_code"] == 0 and ok["final_val_loss"] < 3.4
-    assert bad["status"] == "diverged" and bad["exit_code"] == 3 and bad["diverged_at"] >= 1
-    on_disk = read_csv(os.path.join(sweep.root, "results.csv"))
-    assert on_disk[0]["status"] in COMPLETED and on_disk[1]["status"] == "diverged"
-    assert on_disk[0]["cfg.norm_type"] == "rmsnorm" and int(on_disk[0]["num_params"]) > 0
-    # each row names the machine its run trained on, from the run's own summary.json
-    from babygpt.runtime import cpu_name
-    assert ok["machine"] == on_disk[0]["machine"] and ok["machine"].startswith(cpu_name() + ", ")
-
-    # Done runs are not run again.
-    summary = os.path.join(sweep.out_dir(runs[0]), "summary.json")
-    before = os.stat(summary).st_mtime_ns
-    rows = sweep.run(progress=False)
-    assert os.stat(summary).st_mtime_ns == before and rows[0]["exit_code"] is None
-
-    # A run killed after its last checkpoint (no summary.json) resumes instead of starting over:
-    # with nothing left to train, it only gets its summary back; its other files are untouched.
-    os.remove(summary)
-    kept = {name: os.stat(os.path.join(sweep.out_dir(runs[0]), name)).st_mtime_ns
-            for name in ("ckpt.pt", "metrics.jsonl", "config.json")}
-    rows = sweep.run(progress=False)
-    assert rows[0]["status"] in COMPLETED and rows[0]["exit_code"] == 0 and os.path.exists(summary)
-    assert {name: os.stat(os.path.join(sweep.out_dir(runs[0]), name)).st_mtime_ns for name in kept} == kept
-
-    # Finished runs made with other settings are never mixed into the results.
-    other = Sweep(sweep.root, runs, sweep.base_args[:-1] + ["--max_iters=30"])
-    with pytest.raises(BabyGPTError, match=r"with other settings \(max_iters=20 there, 30 now\)"):
-        other.run(progress=False)
-
-    # A run made before a field existed (its config.json lacks the key) ran as that field's default:
-    # it is reused where the field is at its default now, and refused where it is not.
-    path = os.path.join(sweep.out_dir(runs[0]), "config.json")
-    info = json.load(open(path))
-    for record in [info, *info.get("resumes", [])]:
-        record["config"].pop("z_loss")
-    json.dump(info, open(path, "w"))
-    assert sweep.run(progress=False)[0]["exit_code"] is None  # found done, not run again
-    # Without the directory's bindings (a fresh clone: run_settings/ is not committed), config.json decides.
-    import shutil
-
-    shutil.rmtree(os.path.join(sweep.root, "run_settings"))
-    with pytest.raises(BabyGPTError, match="was run with other settings .z_loss=0.0 there, 0.0001 now"):
-        Sweep(sweep.root, runs, sweep.base_args + ["--z_loss=1e-4"]).run(progress=False)
-
-
-@pytest.mark.slow
-def test_sweep_cli(data_dir, tmp_path, monkeypatch, capsys):
-    proc = run_script("experiments/sweep.py", "--grid", "norm_type=layernorm,rmsnorm", "--seeds", "0",
-                      "--out", "sw", *[f"--set={a[2:]}" for a in BASE], f"--set=data_dir={data_dir}",
-                      "--set=max_iters=5", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert all(r["status"] in COMPLETED for r in read_csv(tmp_path / "sw" / "results.csv"))
-    # A bad grid is refused before anything runs (experiments/sweep.py's main, here in this process).
-    from babygpt import sweep
-
-    monkeypatch.chdir(tmp_path)
-    assert_refused_in_process(sweep.main, ["--grid", "norm_typ=layernorm"], capsys, "unknown config key")
-
-
-@pytest.mark.slow
-def test_plot_cli_and_divergence_marker(small_sweep, tmp_path, capsys):
-    sweep, runs, _ = small_sweep
-    assert diverged_at(load_run(sweep.out_dir(runs[1]))) is not None
-    assert diverged_at(load_run(sweep.out_dir(runs[0]))) is None
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    proc = subprocess.run([sys.executable, "-m", "babygpt.plot", *[sweep.out_dir(r) for r in runs],
-                           "--out", "curves.png"], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "curves.png").stat().st_size > 0
-    # A directory without metrics is refused: the same main, in this process.
-    from babygpt import plot
-
-    assert_refused_in_process(plot.main, [str(tmp_path / "nothing")], capsys, "no metrics.jsonl")
 
 
 @pytest.mark.slow
@@ -583,22 +477,6 @@ def test_exp2_table_draws_each_verdict_and_its_robustness_to_either_sides_runner
     assert start("full").startswith("the three half-decade points around the LR results/x tuned for each")
 
 
-def test_loss_plots_draw_the_runs_reference_losses():
-    from babygpt.plot import new_figure, plot_runs
-
-    refs = {"unigram": 3.3473, "bigram": 2.4819, "trigram": 2.0684}
-    metrics = [{"iter": 0, "loss": 4.2, "val_loss": 4.2}, {"iter": 5, "loss": 3.0, "val_loss": 3.1}]
-    run = {"dir": "r", "metrics": metrics,
-           "summary": {"status": "finished", "references": refs}, "info": {}}
-    fig, ax = new_figure()
-    plot_runs(ax, [run])
-    flat = {line.get_label(): line.get_ydata()[0] for line in ax.get_lines() if len(set(line.get_ydata())) == 1}
-    assert {f"{name} {nats:.3f}": nats for name, nats in refs.items()}.items() <= flat.items()
-    fig, ax = new_figure()
-    plot_runs(ax, [{**run, "summary": {}}])  # a run from before references were recorded: no lines
-    assert not any(line.get_label().startswith("unigram") for line in ax.get_lines())
-
-
 def report_rows(report: str, key: str) -> list[list[str]]:
     """The cells of the table after ``<!-- table: key -->`` in a report, header row first."""
     lines = report.splitlines()
@@ -781,23 +659,6 @@ def test_exp5_norm_speed_rejects_unmeasured_compile_width(tmp_path, monkeypatch,
     assert_refused_in_process(exp5_norm_speed.main, ["--quick", "--compile_widths=100"], capsys,
                               "--compile_widths must be among")
     assert not (tmp_path / "results").exists()
-
-
-def test_sweep_options_report_every_problem_together():
-    from babygpt.options import parse_into
-    from babygpt.sweep import SWEEP_USAGE, SweepOptions
-
-    with pytest.raises(BabyGPTError) as err:
-        parse_into(SweepOptions, ["nope.py", "--grid", "x", "--seeds", "a,1", "--jobs", "0", "--sed=1",
-                                  "--grid=n_layer=1,2", "--grid=n_layer=3"], SWEEP_USAGE)
-    joined = "\n".join(err.value.problems)
-    for fragment in ("malformed --grid 'x'", "--seeds must be comma-separated integers", "--jobs must be at least 1",
-                     "config file 'nope.py' not found", "unknown option '--sed' (did you mean '--seeds'?)",
-                     "--grid n_layer is given 2 times"):
-        assert fragment in joined
-    ok = parse_into(SweepOptions, ["--grid", "norm_type=layernorm,rmsnorm", "--grid=learning_rate=1e-3",
-                                   "--seeds", "0,1"], SWEEP_USAGE)
-    assert ok.axes() == {"norm_type": ["layernorm", "rmsnorm"], "learning_rate": [1e-3]} and ok.seed_list() == [0, 1]
 
 
 def test_exp6_counts_block_0_from_the_records_as_the_checkpoint_holds_it(data_dir, tmp_path, monkeypatch):
@@ -1017,3 +878,73 @@ def test_exp15_refuses_a_run_trained_without_a_target(tmp_path, monkeypatch, cap
     (run / "metrics.jsonl").write_text("")
     assert_refused_in_process(exp15.main, [f"--out={tmp_path}"], capsys, "trained without --target_val_loss")
     assert not (tmp_path / "results.csv").exists()
+
+
+def test_an_experiment_says_when_its_budget_overrides_a_config_files_own_key():
+    import sys
+
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    import _common
+    from babygpt.sweep import Run
+
+    runs = [Run({}, 0, os.path.join(ROOT, "config", name)) for name in ("ngpt.py", "prenorm_rms.py")]
+    lines = _common.budget_over_config(dict(_common.DEFAULT_BUDGET), runs)
+    assert len(lines) == 1 and "ngpt.py sets warmup_iters = 0" in lines[0] and "warmup_iters=50" in lines[0]
+
+
+@pytest.mark.parametrize("key, value", [("tuned", -0.003), ("tuned", math.nan), ("second", 0), ("tuned", "3e-3"),
+                                        ("tuned", True)])
+def test_a_damaged_tuned_lrs_json_is_refused_by_name(key, value, data_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp2_norm_comparison as exp2
+
+    record = {"tuned": {"prenorm_rms": 3e-3}, "second": {"prenorm_rms": 1e-3}}
+    record[key]["prenorm_rms"] = value
+    (tmp_path / "res").mkdir()
+    (tmp_path / "res" / "tuned_lrs.json").write_text(json.dumps(record))  # (NaN as JSON writes it: NaN)
+    out = tmp_path / "full"
+    assert_refused_in_process(exp2.main, ["--full", f"--out={out}", f"--tuned_from={tmp_path / 'res'}",
+                                          f"--configs={ROOT}/config/prenorm_rms.py", f"--data_dir={data_dir}"], capsys,
+                              f"{tmp_path / 'res' / 'tuned_lrs.json'} is damaged: its {key} LR for prenorm_rms is",
+                              "not a positive number")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("script, argv, fragment", [
+    ("exp1_gradient_vanishing", ["--depth=1000000"], "experiment 1 at --depth=1000000 (width 256, batch 1024) needs "
+                                                     "at least 3,418.0 GiB"),
+    ("exp4_grad_norm_at_init", ["--depths=2,1000000"], "experiment 4 at n_layer=1000000 (width 128) needs at least"),
+    ("exp1_gradient_vanishing", ["--depth=3000000", "--quick"], "experiment 1 at --depth=3000000 (width 64, batch 64)"),
+])
+def test_sizes_beyond_memory_are_refused_with_the_figure_before_anything_is_written(script, argv, fragment, data_dir,
+                                                                                     tmp_path, capsys, monkeypatch):
+    import importlib
+
+    from babygpt import memory
+
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 8 * 2**30)  # 8 GiB free, whatever is
+    module = importlib.import_module(script)
+    data = [f"--data_dir={data_dir}"] if script == "exp4_grad_norm_at_init" else []  # (exp1 reads no data)
+    assert_refused_in_process(module.main, [*argv, f"--out={tmp_path / 'out'}", *data], capsys,
+                              fragment, "more than the 8.0 GiB of memory free", "lower --depth")
+    assert os.listdir(tmp_path) == []
+
+
+def test_sizes_that_fit_but_would_run_for_hours_are_refused_with_the_estimate(data_dir, tmp_path, capsys,
+                                                                               monkeypatch):
+    """The estimate: the experiment's matrix products at the rate of the fastest one timed now (here a
+    machine that does one flop a second, so that any size is hours)."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import _common
+    import exp4_grad_norm_at_init as exp4
+
+    from babygpt import memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 2**40)
+    monkeypatch.setattr(_common, "seconds_for", lambda flops: flops)
+    assert_refused_in_process(exp4.main, ["--depths=2,4", "--quick", f"--out={tmp_path / 'out'}",
+                                          f"--data_dir={data_dir}"], capsys,
+                              "experiment 4 at n_layer=4 (width 32) would take at least", "hours of matrix products",
+                              "lower --depths")
+    assert os.listdir(tmp_path) == []

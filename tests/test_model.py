@@ -15,7 +15,7 @@ from babygpt.norms import NORMS, LayerNorm, NoNorm, Norm, NormOptions, RMSNorm, 
 from conftest import DROPOUT_PLACEMENTS, GRID, GRID_IDS, INIT_PLACEMENTS, NORMED_PLACEMENTS, tiny_config
 
 # A norm that mixes positions (BatchNorm's training statistics span the whole sequence) is not
-# causal by design, and test_variants.py shows exactly that instead.
+# causal by design, and test_placements.py shows exactly that instead.
 CAUSAL_GRID = [(p, n) for p, n in GRID if not norm_class(NORMS[n]).mixes_positions]
 CAUSAL_IDS = [f"{p}-{n}" for p, n in CAUSAL_GRID]
 

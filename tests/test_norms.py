@@ -1,4 +1,6 @@
-"""Our from-scratch norms against PyTorch's own (or their formulas), values and gradients."""
+"""babygpt/norms.py: each norm against PyTorch's own or its formula, values and gradients (Derf's
+and the unit-offset gain's included); the registry, its options and the properties each class
+declares."""
 
 import functools
 import inspect
@@ -10,8 +12,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from babygpt.norms import (NORMS, BatchNorm, DyT, LayerNorm, NoNorm, Norm, NormOptions, RMSNorm, RMSNormNoParam,
-                           ScaleNorm, build_norm, norm_class, qk_norm_refusal)
+from babygpt.model import GPT
+from babygpt.norms import (NORMS, BatchNorm, Derf, DyT, LayerNorm, NoNorm, Norm, NormOptions, RMSNorm, RMSNormNoParam,
+                           ScaleNorm, build_norm, gain_offset_refusal, norm_class, qk_norm_refusal)
+from conftest import tiny_config
 
 D = 32
 
@@ -402,3 +406,143 @@ def test_batchnorm_running_statistics_ignore_a_non_finite_batch():
     assert_close((bn.running_mean, bn.running_var), before)
     bn(torch.randn(4, 8, D))
     assert torch.isfinite(bn.running_mean).all() and not torch.equal(bn.running_mean, before[0])
+
+
+# ------------------------------------------------------------------ Derf
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_derf_equals_the_erf_formula_values_and_grads(bias):
+    """y = gamma * erf(alpha x + s) + beta, and every gradient by d erf(u)/du = 2/sqrt(pi) exp(-u^2)."""
+    norm = Derf(D, bias=bias, derf_alpha_init=0.8, derf_shift_init=0.3).double()
+    assert norm.alpha.shape == () and norm.alpha.item() == pytest.approx(0.8)
+    assert norm.shift.shape == () and norm.shift.item() == pytest.approx(0.3)  # one scalar, as in the code
+    assert torch.equal(norm.weight, torch.ones(D, dtype=torch.float64))
+    assert (norm.bias is not None) == bias
+    _randomize(norm)
+    x = (torch.randn(4, 7, D, dtype=torch.float64) * 3).requires_grad_(True)
+    g = torch.randn(4, 7, D, dtype=torch.float64)
+    y = norm(x)
+    a, s, w = norm.alpha.detach(), norm.shift.detach(), norm.weight.detach()
+    u = a * x.detach() + s
+    assert_close(y, w * torch.special.erf(u) + (norm.bias.detach() if bias else 0))
+    y.backward(g)
+    slope = 2 / math.sqrt(math.pi) * torch.exp(-u ** 2)  # d erf(u)/du
+    assert_close(x.grad, g * w * slope * a)
+    assert_close(norm.alpha.grad, (g * w * slope * x.detach()).sum())
+    assert_close(norm.shift.grad, (g * w * slope).sum())
+    assert_close(norm.weight.grad, (g * torch.special.erf(u)).sum(dim=(0, 1)))
+    if bias:
+        assert_close(norm.bias.grad, g.sum(dim=(0, 1)))
+
+
+def test_derf_parameters_and_declared_properties():
+    assert sum(p.numel() for p in Derf(D).parameters()) == 2 * D + 2  # gamma, beta, alpha, s
+    assert sum(p.numel() for p in Derf(D, bias=False).parameters()) == D + 2
+    assert Derf.squashes and Derf.has_gain and not Derf.fixes_vector_size and not Derf.mixes_positions
+    norm = Derf(D, derf_alpha_init=2.0, derf_shift_init=-0.5)
+    x = torch.randn(3, D)
+    assert_close(norm.squash_input(x), 2.0 * x - 0.5)  # what erf reads, as the diagnostics measure it
+    # the saturation threshold is where erf is as flat, relative to its slope at 0, as tanh at DyT's 2.0
+    assert math.exp(-Derf.saturation ** 2) == pytest.approx(1 - math.tanh(2.0) ** 2)
+
+
+def test_derf_options_reach_every_derf_in_the_model():
+    model = GPT(tiny_config(norm_type="derf", qk_norm=True, derf_alpha_init=1.3, derf_shift_init=0.2))
+    derfs = [m for m in model.modules() if isinstance(m, Derf)]
+    assert len(derfs) == 2 * 2 + 2 * 2 + 1  # ln1, ln2, q_norm, k_norm per block, and ln_f
+    assert all(m.alpha.item() == pytest.approx(1.3) and m.shift.item() == pytest.approx(0.2) for m in derfs)
+    model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3)  # alpha and s: in the non-decayed group
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("derf_alpha_init", 0.0, "derf_alpha_init must be positive"),
+    ("derf_alpha_init", float("nan"), "derf_alpha_init must be a finite number"),
+    ("derf_shift_init", 11.0, "derf_shift_init must be in [-10, 10]"),
+])
+def test_derf_options_are_checked(field, value, message):
+    problems = NormOptions(**{field: value}).problems()
+    assert len(problems) == 1 and problems[0].startswith(message), problems
+
+
+# ------------------------------------------------------------------ unit-offset gains
+
+GAINED = [n for n in NORMS if norm_class(NORMS[n]).has_gain]
+
+
+def test_every_norm_declares_whether_it_has_a_gain():
+    classes = {norm_class(entry) for entry in NORMS.values()}
+    assert {c for c in classes if not c.has_gain} == {RMSNormNoParam, NoNorm}
+    assert not Norm.has_gain
+    assert [n for n in NORMS if gain_offset_refusal(n)] == ["rmsnorm_noparam", "none"]
+    assert NormOptions(gain_offset=True).problems("none") == [
+        "norm_gain_offset has no effect with norm_type none: it has no gain to offset; set norm_gain_offset false"]
+    assert NormOptions(gain_offset=True).problems("rmsnorm") == []
+    assert NormOptions(gain_offset=False).problems("none") == []  # off: nothing to refuse
+
+
+@pytest.mark.parametrize("name", GAINED)
+def test_gain_offset_stores_w_from_zero_and_equals_the_plain_norm_at_init(name):
+    """gamma = g0 + w with w starting at 0: at init, the same output and input gradient as the plain norm."""
+    plain, offset = build_norm(name, D), build_norm(name, D, gain_offset=True)
+    w = getattr(offset, offset.gain_name)
+    assert torch.equal(w, torch.zeros_like(w))  # w starts at 0 ...
+    assert_close(offset.gamma(), getattr(plain, plain.gain_name), rtol=0, atol=0)  # ... and gamma at g0
+    assert offset.gain_offset == pytest.approx(1.0 if name != "scalenorm" else math.sqrt(D))
+    assert [n for n, _ in offset.named_parameters()] == [n for n, _ in plain.named_parameters()]  # same keys
+    x1 = (torch.randn(4, 7, D) * 2).requires_grad_(True)
+    x2 = x1.detach().clone().requires_grad_(True)
+    g = torch.randn(4, 7, D)
+    y1, y2 = plain(x1), offset(x2)
+    assert_close(y2, y1)
+    y1.backward(g)
+    y2.backward(g)
+    assert_close(x2.grad, x1.grad)
+    # d loss / d w equals d loss / d gamma of the plain norm: Adam moves w as it would move gamma
+    assert_close(getattr(offset, offset.gain_name).grad, getattr(plain, plain.gain_name).grad)
+
+
+@pytest.mark.parametrize("name", GAINED)
+def test_gain_offset_output_is_the_plain_norm_with_gamma_one_plus_w(name):
+    plain, offset = build_norm(name, D).double(), build_norm(name, D, gain_offset=True).double()
+    _randomize(offset)
+    with torch.no_grad():  # the plain norm with gamma = g0 + w and the other parameters copied
+        for (n, p), q in zip(plain.named_parameters(), offset.parameters()):
+            p.copy_(q + offset.gain_offset if n == plain.gain_name else q)
+    x = torch.randn(4, 7, D, dtype=torch.float64)
+    assert_close(offset(x), plain(x))
+    assert_close(offset.gamma(), getattr(offset, offset.gain_name) + offset.gain_offset)
+
+
+@pytest.mark.parametrize("offset,target", [(True, 1.0), (False, 0.0)])
+def test_weight_decay_of_w_pulls_gamma_towards_one(offset, target):
+    """Decoupled weight decay alone (zero gradient): with the unit offset gamma = 1 + w decays to 1,
+    without it gamma itself decays to 0."""
+    norm = build_norm("rmsnorm", D, gain_offset=offset)
+    with torch.no_grad():
+        norm.weight.add_(0.5)  # gamma = 1.5 either way
+    before = (norm.gamma().detach() - target).abs()
+    opt = torch.optim.AdamW([norm.weight], lr=0.1, weight_decay=1.0)
+    for _ in range(10):
+        norm.weight.grad = torch.zeros_like(norm.weight)
+        opt.step()
+    after = (norm.gamma().detach() - target).abs()
+    assert torch.all(after < 0.5 * before)
+    assert_close(after, before * 0.9 ** 10)  # (1 - lr * wd) per step, towards the target
+
+
+@pytest.mark.parametrize("placement,norm", [("pre", n) for n in GAINED if n != "batchnorm"]
+                         + [(p, "rmsnorm") for p in ("post", "sandwich", "prepost", "parallel", "admin")])
+def test_gain_offset_model_equals_the_plain_model_at_init(placement, norm):
+    """Same seed, same weights, same logits: the offset changes the parametrization, not the model."""
+    cfg = dict(norm_placement=placement, norm_type=norm, qk_norm=True)
+    torch.manual_seed(0)
+    plain = GPT(tiny_config(**cfg)).eval()
+    torch.manual_seed(0)
+    offset = GPT(tiny_config(norm_gain_offset=True, **cfg)).eval()
+    assert plain.state_dict().keys() == offset.state_dict().keys()
+    gains = [m for m in offset.modules() if isinstance(m, Norm) and m.has_gain]
+    assert gains and all(m.gain_offset > 0 for m in gains)  # every gain in the model, q/k norms included
+    x = torch.randint(29, (2, 16))
+    assert_close(offset(x)[0], plain(x)[0])
+    offset.configure_optimizers(weight_decay=0.1, learning_rate=1e-3)  # w: still a norm parameter

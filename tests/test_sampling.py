@@ -1,10 +1,15 @@
-"""sample.py's pieces, in process: its options and prompt files."""
+"""sample.py's pieces, in process (babygpt/sampling.py and its entry point): its options, prompt
+files and --help, and its conveniences (a run directory as --ckpt, one greedy sample)."""
 
 import pytest
 
+from babygpt import cli
+from babygpt.config import load_config
 from babygpt.errors import BabyGPTError
 from babygpt.options import ShowHelp, parse_into
 from babygpt.sampling import USAGE, SampleOptions, read_prompt
+from babygpt.trainer import train
+from conftest import TINY_TRAIN_ARGS, prepare_small_data
 
 
 def test_prompt_file_is_read_byte_for_byte(tmp_path):
@@ -58,3 +63,28 @@ def test_sample_help_lists_every_option():
         parse_into(SampleOptions, ["--help"], USAGE)
     for name in ("--ckpt", "--start", "--temperature", "--top_k", "--no_kv_cache"):
         assert name in h.value.text
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sample_run")
+    data_dir = prepare_small_data(root)
+    argv = [f"--data_dir={data_dir}", f"--out_dir={root / 'run'}", *TINY_TRAIN_ARGS, "--max_iters=10"]
+    train(load_config(argv))
+    return root / "run", argv
+
+
+@pytest.mark.slow
+def test_sample_takes_a_run_directory_and_prints_one_greedy_sample(run_dir, capsys):
+    out, _ = run_dir
+    assert cli.run(cli.sample_main, [f"--ckpt={out}", "--temperature=0", "--max_new_tokens=5", "--device=cpu"]) == 0
+    captured = capsys.readouterr()
+    assert f"sampling from {out}/best.pt" in captured.err and "1 is printed, not 3" in captured.err
+    assert captured.out.count("-" * 40) == 1
+
+
+def test_sample_help_shows_the_newline_default_as_an_escape(capsys):
+
+    assert cli.run(cli.sample_main, ["--help"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("--start"))
+    assert "\\n" in line and "prompt text" in line

@@ -29,6 +29,33 @@ def test_missing_package_is_named_with_its_install_command(monkeypatch):
     assert "pip install tensorboard" in tracker.missing_problem()
 
 
+@pytest.mark.parametrize("stray", ["", "raise ImportError('half-installed')\n"], ids=["empty", "raising"])
+def test_a_tensorboard_that_is_found_but_does_not_work_is_refused_before_the_run_writes(stray, tmp_path, monkeypatch,
+                                                                                         capsys):
+    """A broken install, or a stray package named tensorboard ahead of the real one on the path,
+    passes a look-up but fails on first use: the check uses it, so train.py refuses before its
+    out_dir exists."""
+    import sys
+
+    from babygpt import cli
+
+    (tmp_path / "tensorboard").mkdir()
+    (tmp_path / "tensorboard" / "__init__.py").write_text(stray)
+    ours = lambda: [m for m in sys.modules if m.split(".")[0] == "tensorboard" or m.startswith("torch.utils.tensorboard")]  # noqa: E731
+    real = {name: sys.modules.pop(name) for name in ours()}  # put back afterwards: later tests use the real one
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert "does not work" in tracker.missing_problem()
+        code = cli.run(cli.train_main, ["--tensorboard=true", f"--out_dir={tmp_path / 'run'}", "--device=cpu"])
+    finally:
+        for name in ours():
+            del sys.modules[name]
+        sys.modules.update(real)
+    err = capsys.readouterr().err
+    assert code == 2 and f"the tensorboard package found ({tmp_path / 'tensorboard'}" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_rows_read_back_and_a_resume_purges_the_steps_after_its_checkpoint(tmp_path):
     pytest.importorskip("tensorboard")
     first = tracker.TensorBoardTracker(str(tmp_path))
