@@ -122,22 +122,18 @@ def train_main(argv: list[str]) -> int:
     return 0
 
 
-# norm_eps from which on it is not small beside the activations' mean square at init (about 1e-3 under
-# gpt2 init, 1 under xavier): the norms then scale the stream down instead of normalizing it.
-LARGE_NORM_EPS = 1.0
-
-
 def collapse_advice(summary: dict, cfg) -> str:
     """What to check when a run collapsed, naming only what can have caused it: the learning rate
     only once steps were taken and no norm_eps drowns the signal, and in the direction the loss
     points to."""
+    from .model import LARGE_NORM_EPS
     from .ngram import COLLAPSE_MARGIN
 
     m = cfg.model
     if summary["iter"] == 0:
         return ("nothing was trained (max_iters=0 evaluates the model as initialised, and the learning_rate "
                 "played no part); set max_iters > 0 to train it")
-    if m.norm_eps >= LARGE_NORM_EPS and norm_reads_eps(m.norm_type):  # no learning rate fixes that
+    if m.norm_eps >= LARGE_NORM_EPS:  # no learning rate fixes that (a norm that reads no eps refuses another)
         return (f"norm_eps={m.norm_eps:g} is large: a norm divides by sqrt(mean square + norm_eps), so beside "
                 f"activations of mean square about 1e-3 to 1 it scales them down instead of normalizing them; "
                 f"use a small one (default 1e-5)")
@@ -158,19 +154,6 @@ def vocab_size(data_dir: str) -> int | None:
         return len(load_meta(data_dir)["vocab"])
     except BabyGPTError:
         return None
-
-
-def norm_reads_eps(norm_type: str) -> bool:
-    """Whether norm_eps changes what a ``norm_type`` norm computes (not DyT's or the identity's):
-    asked of the norm itself, on a small input, rather than read from its name."""
-    import torch
-
-    from .norms import NormOptions, build_norm
-
-    x = torch.arange(8.0).view(2, 4) / 8  # (2, 4): varying over the batch and the width
-    small, large = (build_norm(norm_type, 4, NormOptions(eps=eps)) for eps in (1e-5, LARGE_NORM_EPS))
-    with torch.no_grad():
-        return not torch.equal(small(x), large(x))
 
 
 def floors_note(summary: dict, key: str = "references") -> str:

@@ -15,8 +15,12 @@ keys, bad values, contradictions between fields) is reported in one BabyGPTError
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import dataclasses
 import os
+import signal
+import threading
 import types
 from dataclasses import dataclass, field
 from typing import Literal, Optional
@@ -245,19 +249,81 @@ def read_config_file(path: str) -> dict:
         where = f" at line {e.lineno}: {e.msg}" if getattr(e, "lineno", None) else f": {getattr(e, 'msg', e)}"
         raise BabyGPTError(f"config file '{path}' has a syntax error{where}") from None
     try:
-        exec(code, namespace)
-    except SystemExit:  # exit() or sys.exit() in a config file must not end the program silently
-        raise BabyGPTError(f"config file '{path}' called exit(); a config file only assigns keys") from None
+        with _no_process_exit(), _interrupts_noted() as interrupted:
+            exec(code, namespace)
+    except (SystemExit, _ProcessExit) as e:  # exit(), sys.exit() or os._exit() must not end the program silently
+        raise BabyGPTError(f"config file '{path}' called {getattr(e, 'call', 'exit()')}; a config file only assigns "
+                           f"keys") from None
     except KeyboardInterrupt:
-        raise
+        if interrupted:  # a real Ctrl-C while the file ran: the command is interrupted, as anywhere else
+            raise
+        raise BabyGPTError(f"config file '{path}' raised KeyboardInterrupt; a config file only assigns keys") from None
     except BaseException as e:  # the user's file raised; report where, not a traceback
         raise BabyGPTError(f"config file '{path}' failed when run: {type(e).__name__}: {e}") from None
+    imported = _imported_names(ast.parse(source)) - set(FIELDS)  # (a key imported from another file still counts)
     values = {k: v for k, v in namespace.items()
-              if not k.startswith("_") and not isinstance(v, types.ModuleType)}
+              if not k.startswith("_") and not isinstance(v, types.ModuleType) and k not in imported}
     if not values:  # e.g. JSON or YAML: valid Python (a dict expression, annotations) that binds nothing
         raise BabyGPTError(f"config file '{path}' sets no keys; a config file is Python with one "
                            f"assignment per key, e.g. `n_layer = 6` (JSON and YAML are not read)")
     return values
+
+
+class _ProcessExit(BaseException):
+    """os._exit() or os.abort() called by a config file, stopped before it ends the process."""
+
+    def __init__(self, call: str):
+        super().__init__(call)
+        self.call = call
+
+
+@contextlib.contextmanager
+def _no_process_exit():
+    """While a config file runs, the calls that end the process at once raise _ProcessExit instead."""
+    def stopped(call):
+        def stop(*args):
+            raise _ProcessExit(call)
+        return stop
+
+    saved = {name: getattr(os, name) for name in ("_exit", "abort") if hasattr(os, name)}
+    for name in saved:
+        setattr(os, name, stopped(f"os.{name}()"))
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(os, name, function)
+
+
+@contextlib.contextmanager
+def _interrupts_noted():
+    """[] while a config file runs, [signal] once a real SIGINT arrived (then KeyboardInterrupt is
+    raised as usual): a KeyboardInterrupt with no SIGINT behind it was raised by the file itself."""
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        noted.append(signal.SIGINT)  # (not ours to watch: every KeyboardInterrupt counts as real)
+        yield noted
+        return
+
+    def on_sigint(signum, frame):
+        noted.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _imported_names(tree: ast.Module) -> set[str]:
+    """The names a config file's import statements bind (``from math import pi``)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
 
 
 def _file_values(path: str) -> tuple[dict, list[str]]:

@@ -24,6 +24,10 @@ from .placements import DEFAULT as DEFAULT_PLACEMENT, PLACEMENTS as PLACEMENT_CL
 from .placements import Gate, Scale, make_norm, sphere
 
 PLACEMENTS = tuple(PLACEMENT_CLASSES)  # norm_placement's choices (babygpt/placements.py)
+GATE_OPTIONS = {"layerscale_init": "layerscale"}  # a residual gate's own option -> the gate that reads it
+# norm_eps from which a norm scales activations (mean square about 1e-3 to 1) down rather than
+# normalizing them: allowed (an experiment may want it), but said at the start and after a collapse.
+LARGE_NORM_EPS = 1.0
 RESIDUAL_GATES = ("none", "rezero", "skipinit", "layerscale")  # what scales a Pre-LN sublayer's output
 QK_SCALES = ("fixed", "learned", "per_head")  # what multiplies q.k once queries and keys are normalized
 INITS = ("gpt2", "xavier")  # see babygpt/init.py
@@ -157,7 +161,39 @@ class GPTConfig(Checked):
         problems += [p for p in self.norm_options().problems(self.norm_type if self.norm_type in NORMS else None)
                      if p not in problems]
         return (problems + self.qk_problems() + self.sphere_problems() + self.identity_norm_problems()
-                + self.stack_problems())
+                + self.unread_option_problems() + self.stack_problems())
+
+    def warnings(self) -> list[str]:
+        """Settings that are allowed but rarely meant, said as a run starts."""
+        if self.norm_eps >= LARGE_NORM_EPS:  # (only a norm that reads norm_eps accepts another value)
+            return [f"norm_eps={self.norm_eps:g} is large: a norm divides by sqrt(mean square + norm_eps), so "
+                    f"beside activations of mean square about 1e-3 to 1 it scales them down instead of "
+                    f"normalizing them (default 1e-5)"]
+        return []
+
+    def unread_option_problems(self) -> list[str]:
+        """Options set away from their default that nothing in this model reads: a norm's option under
+        another norm_type, a placement's under another placement (their classes declare what they
+        ``reads``), a residual gate's without that gate. Used or refused: never accepted in silence."""
+        if self.norm_type not in NORMS or self.placement_class is None:
+            return []  # (reported by problems)
+        norm = norm_class(NORMS[self.norm_type]) if self.placement_class.uses_norm_type else None
+        declared = [("norm_type", {n: norm_class(c).reads for n, c in NORMS.items()}, norm.reads if norm else ()),
+                    ("norm_placement", {p: c.reads for p, c in PLACEMENT_CLASSES.items()}, self.placement_class.reads),
+                    ("residual_gate", {g: (o,) for o, g in GATE_OPTIONS.items()},
+                     tuple(o for o, g in GATE_OPTIONS.items() if g == self.residual_gate))]
+        problems = []
+        for switch, reads_by_choice, read_here in declared:
+            for name in sorted({o for reads in reads_by_choice.values() for o in reads}):
+                default = GPTConfig.__dataclass_fields__[name].default
+                if name in read_here or getattr(self, name) == default:
+                    continue
+                users = " or ".join(choice for choice, reads in reads_by_choice.items() if name in reads)
+                where = (f" under norm_placement {self.norm_placement}, which builds no norm layers"
+                         if switch == "norm_type" and norm is None else "")
+                problems.append(f"{name} is read only with {switch} {users}, not with {switch} "
+                                f"{getattr(self, switch)}{where}; leave {name} at its default ({default!r})")
+        return problems
 
     def stack_problems(self) -> list[str]:
         """The modern block's switches (pos, mlp, split_qkv, the soft-caps, qk_norm_scope and order):
@@ -223,13 +259,15 @@ class GPTConfig(Checked):
         return problems
 
     def identity_norm_problems(self) -> list[str]:
-        """emb_norm (or final_norm=true) asks for a norm that norm_type makes the identity (norm_type
-        none): the switch would change nothing, so a run would not be the ablation it claims to be."""
+        """emb_norm or final_norm (true or false) switches a norm that norm_type makes the identity
+        (norm_type none): the switch would change nothing, so a run would not be the ablation it claims
+        to be."""
         if self.norm_type not in NORMS or not norm_class(NORMS[self.norm_type]).is_identity:
             return []
-        asked = [name for name, on in (("emb_norm", self.emb_norm), ("final_norm", self.final_norm is True)) if on]
+        asked = [name for name, on in (("emb_norm", self.emb_norm), ("final_norm", self.final_norm is not None)) if on]
         return [f"{name} has no effect with norm_type {self.norm_type!r}: that norm is the identity; "
-                f"choose a norm_type that normalizes, or set {name} false" for name in asked]
+                f"choose a norm_type that normalizes, or " + ("set emb_norm false" if name == "emb_norm" else
+                                                              "leave final_norm unset") for name in asked]
 
     def norm_options(self) -> NormOptions:
         """The options every norm of the model is built with."""

@@ -143,6 +143,9 @@ class Norm(nn.Module):
     # _gain_parameter; a class without a gain keeps 0.0).
     gain_offset = 0.0
     gain_name = "weight"  # the attribute that holds the gain's parameter (ScaleNorm: "gain")
+    # The GPTConfig norm options this class reads (norm_eps, dyt_alpha_init, ...): another class's
+    # option set away from its default is refused (GPTConfig.unread_option_problems), never ignored.
+    reads: tuple[str, ...] = ()
 
     def _gain_parameter(self, shape: tuple[int, ...], init: float, offset: bool) -> nn.Parameter:
         """The gain's parameter: ``init`` everywhere, or, with ``offset``, 0 everywhere and read as
@@ -196,6 +199,8 @@ class LayerNorm(Norm):
     is 6-12x faster forward+backward on CPU at widths 128-4096 (experiments/exp5_norm_speed.py).
     """
 
+    reads = ("norm_eps",)
+
     fixes_vector_size = True
     has_gain = True
 
@@ -232,6 +237,8 @@ class RMSNorm(Norm):
     as in Gemma).
     """
 
+    reads = ("norm_eps",)
+
     fixes_vector_size = True
     has_gain = True
 
@@ -259,6 +266,8 @@ class RMSNormNoParam(Norm):
     It has no parameters at all, so no gain for ``gain_offset`` to offset (``has_gain`` False).
     """
 
+    reads = ("norm_eps",)
+
     fixes_vector_size = True
 
     def __init__(self, dim: int, options: NormOptions = NormOptions(), **overrides):
@@ -285,6 +294,8 @@ class ScaleNorm(Norm):
     (x-transformers' ScaleNorm uses sqrt(d) * (1 + w) instead, which also multiplies Adam's step on g
     by sqrt(d); the sum keeps it as without the offset).
     """
+
+    reads = ("norm_eps",)
 
     fixes_vector_size = True
     has_gain = True
@@ -327,6 +338,8 @@ class DyT(Norm):
     embedding scale are all decayed; here ``GPT.configure_optimizers`` decays no norm parameter (nor
     the embedding scale), as for every other norm. ``gain_offset`` offsets gamma (1 + w), not alpha.
     """
+
+    reads = ("dyt_alpha_init", "dyt_alpha_init_attn")
 
     has_gain = True
 
@@ -378,6 +391,8 @@ class Derf(Norm):
     ``gain_offset`` offsets gamma (1 + w); x-transformers' ``Derf`` also stores alpha as alpha - 1.
     """
 
+    reads = ("derf_alpha_init", "derf_shift_init")
+
     has_gain = True
     squashes = True
     # |alpha x + s| from which on an input counts as saturated: where erf's slope, relative to its slope
@@ -421,6 +436,8 @@ class BatchNorm(Norm):
     the output at position t depends on tokens after t. The model can read the
     future it is asked to predict in training, and behaves differently in eval.
     """
+
+    reads = ("norm_eps",)
 
     mixes_positions = True  # in training: see above
     has_gain = True  # weight; with gain_offset, gamma = 1 + w

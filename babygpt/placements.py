@@ -29,7 +29,7 @@ from typing import ClassVar
 import torch
 import torch.nn as nn
 
-from .norms import Norm, build_norm
+from .norms import NORMS, Norm, build_norm, norm_class
 
 
 def make_norm(cfg, dim: int, norm_type: str | None = None, **overrides) -> Norm:
@@ -105,6 +105,12 @@ class Placement:
     # Pre-LN's forms that residual_gate and ln_scaling scale (a sublayer's addition, the input norms)
     gates_sublayers: ClassVar[bool] = False
     owns_depth_init: ClassVar[bool] = False  # does it scale its init with depth itself (init_block)
+    # The GPTConfig options only this placement reads (Mix-LN's mixln_alpha): set away from their
+    # default under another placement, they are refused (GPTConfig.unread_option_problems).
+    reads: ClassVar[tuple[str, ...]] = ()
+    # Why a norm_type that is the identity (none) leaves this placement meaningless, or "" if it does
+    # not (Admin profiles omega from the variance its norms take away: without them omega collapses).
+    needs_a_norm: ClassVar[str] = ""
 
     def for_block(self, cfg, index: int) -> "Placement":
         """The placement block ``index`` (0 first) gets; itself unless it varies with depth."""
@@ -139,6 +145,9 @@ class Placement:
         if not self.gates_sublayers and cfg.ln_scaling:
             problems.append(f"ln_scaling applies to norm_placement pre only (LayerNorm Scaling scales the "
                             f"Pre-LN norms), got norm_placement {cfg.norm_placement!r}; set ln_scaling false")
+        if self.needs_a_norm and cfg.norm_type in NORMS and norm_class(NORMS[cfg.norm_type]).is_identity:
+            problems.append(f"norm_placement {cfg.norm_placement} with norm_type {cfg.norm_type}: "
+                            f"{self.needs_a_norm}; choose a norm_type that normalizes")
         if self.owns_depth_init and cfg.init_depth_factor is not None:
             problems.append(f"init_depth_factor does not apply to norm_placement {cfg.norm_placement} (its own "
                             f"init scales with depth); leave init_depth_factor unset")
@@ -279,6 +288,8 @@ class Admin(PostLN):
 
     name = "admin"
     profiles = True
+    needs_a_norm = ("Admin sets omega from the variance each residual add's norm takes away, and without a norm "
+                    "the stream is never renormalized, so omega collapses towards zero")
 
     def build(self, block, cfg, index):
         super().build(block, cfg, index)
@@ -357,6 +368,7 @@ class MixLN(Placement):
     """
 
     name = "mixln"
+    reads = ("mixln_alpha",)
 
     def for_block(self, cfg, index):
         return PLACEMENTS["post"] if index < cfg.mixln_post_blocks else PLACEMENTS["pre"]

@@ -295,7 +295,7 @@ def announce(cfg: TrainConfig, device: torch.device, dist: distributed.Dist, num
              resumed_at: int | None, changes: str | None, ckpt: str) -> None:
     """What rank 0 prints as a run starts: the schedule's warnings, where a resume starts and what
     it changed, the dtype's warning, then one line with device, dtype, size and out_dir."""
-    for warning in cfg.schedule_warnings():
+    for warning in cfg.schedule_warnings() + cfg.model.warnings():
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     if resumed_at is not None:
         print(f"resuming from iteration {resumed_at} of {cfg.max_iters} ({ckpt})", flush=True)

@@ -752,7 +752,6 @@ UNIFORM = "uniform"  # stands for the loss of uniform guessing over the data's v
     (50, UNIFORM, ["--norm_eps=1e30"], "norm_eps=1e+30 is large", "learning_rate"),
     (50, UNIFORM, ["--learning_rate=1e-6", "--min_lr=1e-7"], "higher learning_rate than 1e-06", "lower"),
     (50, 2.0, [], "try a lower learning_rate", "norm_eps"),
-    (50, 2.0, ["--norm_eps=1e30", "--norm_type=dyt"], "try a lower learning_rate", "norm_eps"),  # DyT has no eps
 ])
 def test_collapse_advice_names_only_what_can_be_the_cause(iters, loss, argv, says, never, data_ws):
     if loss == UNIFORM:

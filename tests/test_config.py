@@ -119,6 +119,46 @@ def test_config_file_runs_in_private_namespace(tmp_path):
     assert "_width" not in globals() and "n_embd" not in globals()
 
 
+def test_names_a_config_file_imports_are_not_keys_unless_they_are_keys(tmp_path):
+    """As the guide says, imports are ignored: ``from math import pi`` binds pi, which is no key. A key
+    imported from another file (``from base import n_layer``) is still that key."""
+    (tmp_path / "base_keys.py").write_text("n_layer = 3\n")
+    path = write(tmp_path, "import sys\nsys.path.insert(0, __file__.rsplit('/', 1)[0])\nfrom math import pi, e as "
+                           "euler\nfrom base_keys import n_layer\nlearning_rate = pi / 1000\n")
+    cfg = load_config([path])
+    assert cfg.model.n_layer == 3 and cfg.learning_rate == pytest.approx(3.14159e-3, rel=1e-5)
+    (p,) = problems_of([write(tmp_path, "pi = 3.14\n")])  # assigned, not imported: a key, and not one that exists
+    assert "unknown config key 'pi'" in p
+
+
+@pytest.mark.parametrize("body, call", [
+    ("raise KeyboardInterrupt\n", "raised KeyboardInterrupt"),
+    ("import os\nos._exit(0)\n", "called os._exit()"),
+    ("import os\nos.abort()\n", "called os.abort()"),
+    ("import sys\nsys.exit(0)\n", "called exit()"),
+])
+def test_a_config_file_cannot_end_the_process(tmp_path, body, call):
+    """A file that would end train.py (exit 0 and nothing said, or exit 130 as if interrupted) is
+    refused by name instead, and the process goes on to report it."""
+    import os as os_module
+
+    exit_before = os_module._exit
+    (p,) = problems_of([write(tmp_path, body)])
+    assert f"{call}; a config file only assigns keys" in p and "cfg.py" in p
+    assert os_module._exit is exit_before  # put back once the file has run
+
+
+def test_a_real_ctrl_c_while_a_config_file_runs_still_interrupts(tmp_path):
+    from babygpt.config import read_config_file
+
+    path = write(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nimport time\ntime.sleep(5)\n"
+                           "n_layer = 2\n")
+    with pytest.raises(KeyboardInterrupt):
+        read_config_file(path)
+    import signal
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_cli_overrides_config_file(tmp_path):
     path = write(tmp_path, "max_iters = 10\nn_layer = 2\n")
     cfg = load_config([path, "--max_iters=20"])

@@ -455,13 +455,15 @@ def test_config_problems_are_reported_together():
         "norm_eps must be positive, got -1.0",
         "qk_norm cannot be used with norm_type 'none': the query/key norms would be the identity; "
         "choose another norm_type or set qk_norm false",
+        "norm_eps is read only with norm_type layernorm or rmsnorm or rmsnorm_noparam or scalenorm or batchnorm, "
+        "not with norm_type none; leave norm_eps at its default (1e-05)",
     ]
     assert GPTConfig().problems() == []
 
 
 def test_config_maps_its_fields_to_norm_options():
-    cfg = GPTConfig(norm_eps=1e-6, bias=False, dyt_alpha_init=0.8)
-    assert cfg.norm_options() == NormOptions(eps=1e-6, bias=False, alpha_init=0.8)
+    assert GPTConfig(norm_eps=1e-6, bias=False).norm_options() == NormOptions(eps=1e-6, bias=False)
+    assert GPTConfig(norm_type="dyt", dyt_alpha_init=0.8).norm_options() == NormOptions(alpha_init=0.8)
 
 
 def test_config_fields_have_types_and_help():

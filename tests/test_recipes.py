@@ -38,14 +38,11 @@ def test_dyt_alpha_init_attn_sets_ln1_only(attn):
                  torch.full((4,), 0.2))
 
 
-def test_dyt_alpha_init_attn_leaves_other_norms_unchanged():
-    """A norm without alpha ignores the option: the model is the same, weight for weight."""
-    torch.manual_seed(0)
-    plain = GPT(tiny_config())
-    torch.manual_seed(0)
-    with_option = GPT(tiny_config(dyt_alpha_init_attn=0.8))
-    for (name, a), (_, b) in zip(plain.state_dict().items(), with_option.state_dict().items()):
-        assert torch.equal(a, b), name
+def test_dyt_alpha_init_attn_is_refused_with_a_norm_that_has_no_alpha():
+    """A norm without alpha would ignore the option: refused by name, not accepted in silence."""
+    with pytest.raises(BabyGPTError, match="dyt_alpha_init_attn is read only with norm_type dyt, not with norm_type "
+                                           "rmsnorm"):
+        tiny_config(dyt_alpha_init_attn=0.8)
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0])

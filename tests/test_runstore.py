@@ -181,6 +181,7 @@ def test_pack_refuses_a_finished_run_without_its_config(tmp_path):
 
 def test_every_committed_sweep_keeps_its_runs_in_a_store_and_no_run_directory_is_committed():
     tracked = subprocess.run(["git", "-C", ROOT, "ls-files", "results"], capture_output=True, text=True).stdout.split()
+    tracked = [p for p in tracked if os.path.exists(os.path.join(ROOT, p))]  # (a copied tree's index may be older)
     if not tracked:
         pytest.skip("not a git checkout")
     assert [p for p in tracked if "/runs/" in p] == []
