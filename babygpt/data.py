@@ -176,6 +176,10 @@ def load_meta(data_dir: str) -> dict:
           and isinstance(meta.get("train_tokens"), int) and isinstance(meta.get("val_tokens"), int))
     if not ok:
         raise BabyGPTError(f"{path} is not a BabyGPT meta.json; {fix}")
+    repeated = sorted({c for c in meta["vocab"] if meta["vocab"].count(c) > 1})
+    if repeated or any(len(c) != 1 for c in meta["vocab"]):
+        what = f"{repeated[0]!r} twice" if repeated else "an entry that is not one character"
+        raise BabyGPTError(f"{path} is damaged: its vocab lists {what} (one token id per distinct character); {fix}")
     return meta
 
 

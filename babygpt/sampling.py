@@ -113,6 +113,10 @@ def read_prompt(start: str) -> str:
     """``--start`` text, or the contents of the file named by ``FILE:path`` (at most 1 MiB)."""
     if start.startswith("FILE:"):
         path = start[len("FILE:"):]
+        if os.path.exists(path) and not os.path.isfile(path):  # a FIFO with no writer would block forever
+            kind = "a directory" if os.path.isdir(path) else "not a regular file (a pipe, socket or device)"
+            raise BabyGPTError(f"prompt file '{path}' is {kind}; save the prompt in a file, or pass it as "
+                               f"--start TEXT")
         try:
             with open(path, "rb") as f:
                 data = f.read(MAX_PROMPT_BYTES + 1)
@@ -141,6 +145,9 @@ def checkpoint_in(path: str) -> str:
 def sample_cli(argv: list[str]) -> int:
     """sample.py: read the options, load the checkpoint, stream samples to stdout."""
     args = parse_into(SampleOptions, argv, USAGE, "Sample text from a BabyGPT checkpoint.")
+    if sys.stdout is None or sys.stdout.closed:
+        raise BabyGPTError("standard output is closed, and the samples are written there; run sample.py with it "
+                           "open (e.g. > samples.txt)")
     device = resolve_device(args.device)
     ckpt = checkpoint_in(args.ckpt)
     model, tok = load_model(ckpt, device, args.dtype, kv_cache=not args.no_kv_cache)

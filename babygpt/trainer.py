@@ -35,7 +35,7 @@ from .optim import build_optimizer
 from .rundir import RunDir, owned, run_record
 from .runtime import (autocast, check_dtype, dtype_note, machine, muon_note, resolve_device,
                       use_deterministic_kernels, uses_grad_scaler)
-from .signals import StopSignals
+from .signals import StopSignals, signal_name
 from .tracker import TensorBoardTracker
 from .state import TrainState, finite_or_none
 from .step import OptimizerStep
@@ -463,8 +463,14 @@ class Trainer:
         self._step.train_net.train()
         with StopSignals() as stop:
             status, signum = self._loop(stop)
-        self.state.elapsed_s = self._elapsed()
-        return self._write_summary(status, signum)
+            self.state.elapsed_s = self._elapsed()
+            # (still under the handlers: a SIGINT/SIGTERM during the final evaluation is noted, the
+            # summary of the finished training is written, and the signal is named, not lost)
+            summary = self._write_summary(status, signum)
+        if status == "finished" and stop.signum is not None and self.main:
+            print(f"{signal_name(stop.signum)} arrived as training ended (its last step or final evaluation): the "
+                  f"run wrote its summary first (status {summary['status']})", file=sys.stderr, flush=True)
+        return summary
 
     def _write_summary(self, status: str, signum: int | None) -> dict:
         """summary.json; a run that reached its end is first scored on the whole validation split,

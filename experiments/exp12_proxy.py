@@ -23,6 +23,7 @@ Writes results.csv (one row per configuration and tier) and report.md.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from dataclasses import dataclass
 
@@ -74,11 +75,18 @@ def read_report(directory: str) -> dict:
         raise BabyGPTError(f"{directory}/report.md: its tuned table lacks {CONFIG!r}, {LOSS!r} or {VERDICT!r}; "
                            f"is it experiment 2's report?")
     out = {}
-    for line in lines[2:]:
+    for number, line in enumerate(lines[2:], 3):
         cells = dict(zip(header, (c.strip() for c in line.strip("|").split("|"))))
-        loss = cells[LOSS].split()[0]
-        if loss not in ("—", "nan"):
-            out[cells[CONFIG]] = (float(loss), "baseline" if cells[VERDICT] == "—" else cells[VERDICT])
+        loss = (cells.get(LOSS) or "").split()[:1]
+        try:
+            value = float(loss[0]) if loss and loss[0] not in ("—", "nan") else None
+        except ValueError:
+            value = math.nan
+        if len(cells) < len(header) or value is not None and not math.isfinite(value):
+            raise BabyGPTError(f"{directory}/report.md: row {number} of its tuned table is damaged ({line.strip()[:60]!r}"
+                               f"); make the report again with experiment 2's command (its first lines name it)")
+        if value is not None:
+            out[cells[CONFIG]] = (value, "baseline" if cells[VERDICT] == "—" else cells[VERDICT])
     return out
 
 
@@ -118,8 +126,10 @@ def main(argv):
     for a, b in itertools.combinations(dirs, 2):
         xs, ys = [tiers[a][c][0] for c in shared], [tiers[b][c][0] for c in shared]
         ceiling = kendall_ceiling(len(shared))
-        taus.append([a, b, len(shared), f"{kendall_tau(xs, ys):+.3f}", f"{kendall_p(xs, ys):.3f}",
-                     "none can" if ceiling is None else f"{ceiling:.3f}"])
+        tau = kendall_tau(xs, ys)
+        tied = math.isnan(tau)  # every configuration ties in one tier: no order to compare
+        taus.append([a, b, len(shared), "undefined (one tier ties them all)" if tied else f"{tau:+.3f}",
+                     "—" if tied else f"{kendall_p(xs, ys):.3f}", "none can" if ceiling is None else f"{ceiling:.3f}"])
     by_config = {(r["configuration"], r["tier"]): r for r in rows}
     ranking = [[c, *[f"{by_config[c, d]['rank']} ({by_config[c, d]['mean_loss']:.3f}) {by_config[c, d]['verdict']}"
                      for d in dirs],

@@ -96,6 +96,21 @@ def test_truncated_bin_and_corrupt_meta_are_detected(tmp_path, small_corpus):
         load_dataset(str(out))
 
 
+@pytest.mark.parametrize("vocab, fragment", [(["\u2603", "\u2603"], "'\u2603' twice"),
+                                             (["\u2603\u2604"], "an entry that is not one character")])
+def test_a_vocab_with_a_repeated_or_long_entry_is_refused(tmp_path, small_corpus, vocab, fragment):
+    """Each distinct character is one token id: a meta.json whose vocab repeats one would decode two ids
+    as the same character (and encode it as one of them) without a word."""
+    import json
+
+    out = tmp_path / "data"
+    prepare(str(out), input_path=small_corpus)
+    meta = json.loads((out / "meta.json").read_text())
+    (out / "meta.json").write_text(json.dumps({**meta, "vocab": vocab + meta["vocab"][len(vocab):]}))
+    with pytest.raises(BabyGPTError, match=f"meta.json is damaged: its vocab lists {fragment}"):
+        load_dataset(str(out))
+
+
 def test_batch_sampler_windows_are_shifted_slices():
     ids = np.arange(1000, dtype=np.uint16)
     sampler = BatchSampler(ids, block_size=8, batch_size=16, seed=0)

@@ -244,6 +244,36 @@ def test_proxy_ranks_the_shared_configurations_and_marks_verdicts_that_flip(tmp_
     assert not (tmp_path / "p2").exists()
 
 
+@pytest.mark.parametrize("row", ["| a | 0.001 | lots ± 0.010 | worse |", "| a | 0.001 |", "| a | 0.001 | inf | worse |"])
+def test_proxy_refuses_a_damaged_row_by_report_and_row(row, tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    monkeypatch.chdir(tmp_path)
+    import exp12_proxy as exp12
+
+    tier_report(tmp_path / "short", [("base", 2.10, "—"), ("a", 2.20, "worse")])
+    tier_report(tmp_path / "long", [("base", 1.60, "—")])
+    with open(tmp_path / "long" / "report.md", "a") as f:
+        f.write(row + "\n")
+    assert_refused_in_process(exp12.main, ["--tiers=short,long", "--out=proxy"], capsys,
+                              "long/report.md: row 4 of its tuned table is damaged")
+    assert not (tmp_path / "proxy").exists()
+
+
+def test_proxy_says_tau_is_undefined_where_a_tier_ties_every_configuration(tmp_path, monkeypatch):
+    from babygpt import cli
+
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    monkeypatch.chdir(tmp_path)
+    import exp12_proxy as exp12
+
+    tier_report(tmp_path / "short", [("base", 2.10, "—"), ("a", 2.10, "inconclusive"), ("b", 2.10, "inconclusive")])
+    tier_report(tmp_path / "long", [("base", 1.60, "—"), ("a", 1.58, "inconclusive"), ("b", 1.55, "better")])
+    assert cli.run(exp12.main, ["--tiers=short,long", "--out=proxy"]) == 0
+    tau = report_rows((tmp_path / "proxy" / "report.md").read_text(), "tau")
+    assert tau[1][3:5] == ["undefined (one tier ties them all)", "—"]
+    assert "nan" not in (tmp_path / "proxy" / "report.md").read_text()
+
+
 def test_reports_say_which_machines_trained_their_runs(monkeypatch):
     """A campaign's runs come from several sessions: the report names each run's machine (its row's,
     from the run's own summary.json), not the machine that wrote the report."""

@@ -388,3 +388,24 @@ def test_pickled_code_in_a_checkpoint_never_runs(data_dir, tmp_path, capsys):
     with pytest.raises(BabyGPTError):
         load_checkpoint(str(out / "ckpt.pt"))
     assert not marker.exists()
+
+
+def test_a_signal_during_the_final_evaluation_is_named_and_the_summary_still_written(data_dir, tmp_path, monkeypatch,
+                                                                                   capsys):
+    """Training has ended and its checkpoint is written; a SIGTERM while the whole split is scored is
+    noted (not the default action, which ended the process with no summary and no word), the summary
+    is written, and the signal is named."""
+    from babygpt import trainer
+
+    scored = trainer.final_evaluation
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return scored(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "final_evaluation", signalled)
+    out = tmp_path / "run"
+    result = train(load_config([f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=10"]))
+    assert result["status"] in COMPLETED and summary(out) == result
+    assert "SIGTERM arrived as training ended (its last step or final evaluation): the run wrote its summary first" \
+        in capsys.readouterr().err

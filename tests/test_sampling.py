@@ -20,6 +20,26 @@ def test_prompt_file_is_read_byte_for_byte(tmp_path):
     assert read_prompt("plain text") == "plain text"
 
 
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_prompt_path_that_is_not_a_regular_file_is_refused_without_waiting(tmp_path, kind):
+    """A FIFO with no writer would block open() forever: refused before it is opened."""
+    import os
+
+    path = tmp_path / "prompt"
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    with pytest.raises(BabyGPTError, match=f"prompt file '{path}' is (a directory|not a regular file)"):
+        read_prompt(f"FILE:{path}")
+
+
+def test_sample_refuses_a_closed_stdout_before_loading_anything(tmp_path, monkeypatch, capsys):
+    """Started with stdout closed (`sample.py ... >&-`), Python has no sys.stdout to write to."""
+    import sys
+
+    monkeypatch.setattr(sys, "stdout", None)
+    code = cli.run(cli.sample_main, [f"--ckpt={tmp_path / 'missing.pt'}"])
+    assert code == 2 and "standard output is closed" in capsys.readouterr().err
+
+
 def test_a_crlf_prompt_for_a_model_without_carriage_returns_says_how_to_fix_it():
     from babygpt.data import CharTokenizer
 
