@@ -933,6 +933,17 @@ class GPT(QKClipMixin, nn.Module):
             raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
         if top_k is not None and not 1 <= top_k <= self.config.vocab_size:
             raise ValueError(f"top_k must be in 1..{self.config.vocab_size}, got {top_k}")
+        # Sampling is inference: dropout off and BatchNorm on its running statistics, whatever mode the
+        # model was left in (a training-mode BatchNorm would also make cached steps differ from
+        # recomputation); the mode is put back when generation ends.
+        was_training = self.training
+        self.eval()
+        try:
+            yield from self._generate(idx, max_new_tokens, temperature, top_k, generator, use_cache)
+        finally:
+            self.train(was_training)
+
+    def _generate(self, idx, max_new_tokens, temperature, top_k, generator, use_cache) -> Iterator[torch.Tensor]:
         cache, cache_start = None, -1
         for _ in range(max_new_tokens):
             start = self.context_start(idx.shape[1])

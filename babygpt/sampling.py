@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import stat
 import sys
 from dataclasses import dataclass
 from typing import Literal, Optional
@@ -113,8 +114,9 @@ def read_prompt(start: str) -> str:
     """``--start`` text, or the contents of the file named by ``FILE:path`` (at most 1 MiB)."""
     if start.startswith("FILE:"):
         path = start[len("FILE:"):]
-        if os.path.exists(path) and not os.path.isfile(path):  # a FIFO with no writer would block forever
-            kind = "a directory" if os.path.isdir(path) else "not a regular file (a pipe, socket or device)"
+        mode = os.stat(path).st_mode if os.path.exists(path) else 0
+        if stat.S_ISDIR(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):  # a FIFO with no writer blocks forever
+            kind = "a directory" if stat.S_ISDIR(mode) else "a pipe or socket, not a file"
             raise BabyGPTError(f"prompt file '{path}' is {kind}; save the prompt in a file, or pass it as "
                                f"--start TEXT")
         try:

@@ -255,7 +255,7 @@ SAMPLE_CASES = {
     "unknown_option": (["--ckpt=out/ckpt.pt", "--temp=1"], ["unknown option '--temp'", "did you mean '--temperature'"]),
     "cuda_without_gpu": (["--ckpt=out/ckpt.pt", "--device=cuda"], ["no CUDA GPU"]),
     "endless_prompt_file": (["--ckpt=out/ckpt.pt", "--start=FILE:/dev/zero"], ["longer than 1 MiB"]),
-    "prompt_file_is_a_directory": (["--ckpt=out/ckpt.pt", "--start=FILE:data"], ["cannot read prompt file 'data'"]),
+    "prompt_file_is_a_directory": (["--ckpt=out/ckpt.pt", "--start=FILE:data"], ["prompt file 'data' is a directory"]),
 }
 
 

@@ -603,3 +603,17 @@ def test_kv_cache_rejects_more_than_one_token_after_prefill():
     model(torch.zeros(1, 4, dtype=torch.long), cache=cache)
     with pytest.raises(ValueError, match="one token"):
         model(torch.zeros(1, 2, dtype=torch.long), cache=cache)
+
+
+def test_generation_runs_in_eval_mode_and_puts_the_mode_back():
+    """A model left in training mode (as GPT() is built) samples as in eval mode: BatchNorm on its
+    running statistics (so the cached steps equal recomputation, at batch 1 too) and no dropout; the
+    mode is restored afterwards."""
+    torch.manual_seed(0)
+    model = GPT(tiny_config(norm_type="batchnorm", dropout=0.5))
+    assert model.training
+    idx = torch.zeros(1, 3, dtype=torch.long)
+    cached = model.generate(idx, 20, temperature=0)
+    assert model.training  # put back
+    model.eval()
+    assert torch.equal(cached, model.generate(idx, 20, temperature=0, use_cache=False))

@@ -27,7 +27,7 @@ def test_a_prompt_path_that_is_not_a_regular_file_is_refused_without_waiting(tmp
 
     path = tmp_path / "prompt"
     os.mkfifo(path) if kind == "fifo" else path.mkdir()
-    with pytest.raises(BabyGPTError, match=f"prompt file '{path}' is (a directory|not a regular file)"):
+    with pytest.raises(BabyGPTError, match=f"prompt file '{path}' is (a directory|a pipe or socket, not a file)"):
         read_prompt(f"FILE:{path}")
 
 
