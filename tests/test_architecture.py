@@ -9,7 +9,7 @@ import re
 from conftest import ROOT
 
 LAYERS = {  # docs/architecture.md's table, lowest first
-    "foundation": ["errors", "options", "files", "runtime", "signals", "provenance", "stats"],
+    "foundation": ["errors", "options", "files", "runtime", "signals", "provenance", "stats", "sequential"],
     "model": ["norms", "placements", "init", "model", "diagnostics"],
     "data and records": ["data", "ngram", "checkpoint", "state", "rundir", "memory", "tracker"],
     "training": ["config", "optim", "step", "distributed", "trainer", "sampling", "cli"],
