@@ -297,24 +297,29 @@ def _no_process_exit():
 
 @contextlib.contextmanager
 def _interrupts_noted():
-    """[] while a config file runs, [signal] once a real SIGINT arrived (then KeyboardInterrupt is
-    raised as usual): a KeyboardInterrupt with no SIGINT behind it was raised by the file itself."""
+    """[] while a config file runs, [signal] once a real SIGINT arrived (it is then handled as before:
+    the handler in place is called, the default one raising KeyboardInterrupt): a KeyboardInterrupt
+    with no SIGINT behind it was raised by the file itself. Off the main thread no handler can be
+    installed, and every KeyboardInterrupt counts as real."""
     noted: list[int] = []
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        noted.append(signal.SIGINT)  # (not ours to watch: every KeyboardInterrupt counts as real)
+    if threading.current_thread() is not threading.main_thread():
+        noted.append(signal.SIGINT)
         yield noted
         return
+    previous = signal.getsignal(signal.SIGINT)
 
     def on_sigint(signum, frame):
         noted.append(signum)
-        raise KeyboardInterrupt
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_sigint)
     try:
         yield noted
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, previous)
 
 
 def _imported_names(tree: ast.Module) -> set[str]:

@@ -151,12 +151,35 @@ def test_a_config_file_cannot_end_the_process(tmp_path, body, call):
 def test_a_real_ctrl_c_while_a_config_file_runs_still_interrupts(tmp_path):
     from babygpt.config import read_config_file
 
+    import signal
+
     path = write(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nimport time\ntime.sleep(5)\n"
                            "n_layer = 2\n")
-    with pytest.raises(KeyboardInterrupt):
-        read_config_file(path)
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            read_config_file(path)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_a_file_raising_keyboardinterrupt_is_refused_whatever_sigint_handler_is_in_place(tmp_path):
+    """(A test runner, or a caller, may have its own SIGINT handler: it is kept, and still called on a real one.)"""
     import signal
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    calls = []
+    before = signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))
+    try:
+        (p,) = problems_of([write(tmp_path, "raise KeyboardInterrupt\n")])
+        assert "raised KeyboardInterrupt" in p
+        path = write(tmp_path, "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.1)\n"
+                               "n_layer = 2\n", name="real.py")
+        assert load_config([path]).model.n_layer == 2 and calls == [signal.SIGINT]  # passed on, as before
+        assert signal.getsignal(signal.SIGINT) is not None and not calls[1:]
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_cli_overrides_config_file(tmp_path):
