@@ -60,7 +60,9 @@ def test_overfits_one_batch(placement, norm):
     # block) are in the same position.
     squash = norm_class(NORMS[norm]).squashes
     alpha = 1.0 if squash and placement in ("post", "admin", "hybrid", "prepost") else 0.5
-    cfg = tiny_config(norm_placement=placement, norm_type=norm, dyt_alpha_init=alpha, derf_alpha_init=alpha)
+    reads = norm_class(NORMS[norm]).reads  # (an alpha the norm does not read is refused)
+    cfg = tiny_config(norm_placement=placement, norm_type=norm,
+                      **{key: alpha for key in ("dyt_alpha_init", "derf_alpha_init") if key in reads})
     model = GPT(cfg)
     opt = model.configure_optimizers(weight_decay=0.0, learning_rate=1e-2)
     x = torch.randint(cfg.vocab_size, (4, cfg.block_size))
