@@ -41,7 +41,10 @@ def write_json(path: str, obj) -> None:
 
 
 def read_json(path: str) -> dict | None:
-    """The JSON object in ``path``, or None if it is missing or unreadable."""
+    """The JSON object in ``path``, or None if it is missing or unreadable (a FIFO or another file that
+    is not a regular one counts as unreadable: opening a FIFO with no writer would block forever)."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        return None
     try:
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)
@@ -292,6 +295,8 @@ class RunDir:
         that one is dropped; any other unreadable line means the file is damaged."""
         if not os.path.exists(self.metrics):
             return []
+        if not os.path.isfile(self.metrics):  # (a FIFO would block the read)
+            raise BabyGPTError(f"{self.metrics} is not a regular file; move it aside (a run writes it as a file)")
         with open(self.metrics, "rb") as f:
             lines = f.read().split(b"\n")
         rows = []

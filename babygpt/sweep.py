@@ -143,6 +143,8 @@ class Sweep(SweepDir):
         if self.jobs < 1:
             raise BabyGPTError(f"--jobs must be at least 1, got {self.jobs}")
         pinned_gpus(self.gpus, visible_gpus())
+        for directory in self.reuse:  # a damaged store is refused now, before bind writes anything
+            RunStore(directory).records()
         super().check(on_disk)
 
     def _command(self, run: Run) -> list[str]:

@@ -32,7 +32,7 @@ def missing_problem() -> str | None:
             writer = SummaryWriter(scratch)
             writer.add_scalar("check", 1.0, global_step=0)
             writer.close()
-    except Exception as e:  # noqa: BLE001  (whatever a broken install raises, the fix is the same)
+    except BaseException as e:  # noqa: BLE001  (whatever a broken install raises or exits with, the fix is the same)
         where = getattr(importlib.util.find_spec("tensorboard"), "origin", None) or \
             ", ".join(getattr(importlib.util.find_spec("tensorboard"), "submodule_search_locations", None) or [])
         reason = (str(e).splitlines() or [""])[0][:120]

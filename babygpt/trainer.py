@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
+import os
 import random
 import sys
 import time
@@ -27,6 +28,7 @@ from tqdm import tqdm
 from . import distributed
 from .checkpoint import pack_training_state, restore_rng, resume_training_state, save_checkpoint
 from .config import TrainConfig, changed_settings, to_dict, with_resolved_dtype
+from .errors import BabyGPTError
 from .data import BatchSampler, CharTokenizer, load_dataset, tune_and_test
 from .diagnostics import NO_HOOK, LayerDiagnostics, StepHook
 from .model import GPT, GPTConfig
@@ -36,7 +38,7 @@ from .rundir import RunDir, owned, run_record
 from .runtime import (autocast, check_dtype, dtype_note, machine, muon_note, resolve_device,
                       use_deterministic_kernels, uses_grad_scaler)
 from .signals import StopSignals, signal_name
-from .tracker import TensorBoardTracker
+from .tracker import LOG_DIR as TENSORBOARD_DIR, TensorBoardTracker
 from .state import TrainState, finite_or_none
 from .step import OptimizerStep
 
@@ -442,6 +444,10 @@ class Trainer:
     def _train(self) -> dict:
         cfg = self.cfg
         self.run_dir.check(cfg.init_from)  # before anything is written, and under the lock
+        board = os.path.join(self.run_dir.path, TENSORBOARD_DIR)
+        if cfg.tensorboard and os.path.lexists(board) and not os.path.isdir(board):
+            raise BabyGPTError(f"'{board}' is where tensorboard = True writes its event files, but it is not a "
+                               f"directory; move it aside (nothing was changed)")
         if cfg.init_from == "resume":
             resume_training_state(self.run_dir.ckpt, self.model_cfg, self.tok.chars, self.model, self.optimizer,
                                   self.scaler, self.state, self.dist, cfg.optimizer)

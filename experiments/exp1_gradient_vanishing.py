@@ -51,15 +51,16 @@ def measure(depth: int, width: int, batch: int, norm: str, activation: str, seed
     torch.manual_seed(seed)
     net = plain_network(depth, width, norm, activation)
     x = torch.randn(batch, width)  # (N, width)
+    layers = list(net)  # (indexing an nn.Sequential walks it: quadratic in depth)
     stds, h = [], x
     for i in range(depth):
-        h = net[3 * i + 2](net[3 * i + 1](net[3 * i](h)))  # Linear -> norm -> activation
+        h = layers[3 * i + 2](layers[3 * i + 1](layers[3 * i](h)))  # Linear -> norm -> activation
         stds.append(h.std().item())
     # A regression loss against a fixed random target: every layer's weights get a gradient.
     target = torch.randn(batch, width, generator=torch.Generator().manual_seed(seed + 1000))
     loss = (h - target).pow(2).mean()
     loss.backward()
-    grads = [net[3 * i].weight.grad.norm().item() for i in range(depth)]
+    grads = [layers[3 * i].weight.grad.norm().item() for i in range(depth)]
     return stds, grads
 
 

@@ -233,3 +233,28 @@ def test_reuse_names_a_directory_without_a_store(tmp_path, capsys):
     with pytest.raises(BabyGPTError, match=r"--reuse 'nowhere' holds no runs.jsonl; pass sweep directories"):
         sweep_module.main(["--grid", "learning_rate=1e-3", "--reuse", "nowhere", f"--out={tmp_path / 'o'}"])
     assert not os.path.exists(tmp_path / "o")
+
+
+def test_a_damaged_reuse_store_is_refused_before_the_sweep_writes_anything(trained, data_dir, tmp_path):
+    root, runs, _ = trained
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / runstore.STORE).write_text(json.dumps(record_of("a")) + "\ngarbage\n" + json.dumps(record_of("b")) + "\n")
+    mine = Sweep(str(tmp_path / "mine"), runs, BASE + [f"--data_dir={data_dir}"], reuse=[str(damaged)])
+    with pytest.raises(BabyGPTError, match="runs.jsonl line 2 is damaged"):
+        mine.run(progress=False)
+    assert not (tmp_path / "mine").exists()
+
+
+def test_record_files_that_are_fifos_are_refused_not_waited_on(tmp_path):
+    """Opening a FIFO with no writer blocks forever: a record that is not a regular file is unreadable."""
+    from babygpt.rundir import RunDir, read_record
+
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / "config.json")
+    os.mkfifo(run / "metrics.jsonl")
+    with pytest.raises(BabyGPTError, match="config.json is not a readable JSON object"):
+        read_record(str(run / "config.json"))
+    with pytest.raises(BabyGPTError, match="metrics.jsonl is not a regular file"):
+        RunDir(str(run)).metrics_rows()

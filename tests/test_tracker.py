@@ -93,3 +93,34 @@ def test_tensorboard_without_the_package_is_refused_before_anything_is_written(t
     code = cli.run(cli.train_main, [f"--out_dir={tmp_path / 'run'}", "--tensorboard"])
     assert_user_error(capsys.readouterr().err, code, "pip install tensorboard")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("body", ["import sys\nsys.exit(0)\n", "import sys\nsys.exit(3)\n", "raise KeyboardInterrupt\n"])
+def test_a_stray_tensorboard_package_that_exits_is_refused_not_obeyed(body, tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / "tensorboard").mkdir()
+    (tmp_path / "tensorboard" / "__init__.py").write_text(body)
+    ours = lambda: [m for m in sys.modules if m.split(".")[0] == "tensorboard" or m.startswith("torch.utils.tensorboard")]  # noqa: E731
+    real = {name: sys.modules.pop(name) for name in ours()}
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert "does not work" in tracker.missing_problem()
+    finally:
+        for name in ours():
+            del sys.modules[name]
+        sys.modules.update(real)
+
+
+def test_a_file_where_the_event_files_go_is_refused_before_the_run_writes(tmp_path, capsys):
+    from babygpt import cli
+    from conftest import prepare_small_data
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "tensorboard").write_text("in the way")
+    code = cli.run(cli.train_main, ["--tensorboard=true", f"--out_dir={out}", "--device=cpu", "--max_iters=1",
+                                    f"--data_dir={prepare_small_data(tmp_path)}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "is where tensorboard = True writes its event files, but it is not a directory" in err
+    assert set(os.listdir(out)) - {".lock"} == {"tensorboard"}  # nothing written (the run lock aside)
