@@ -132,6 +132,11 @@ class Look:
     p_difference: float  # two-sided paired t-test of no difference
     p_equivalence: float  # TOST: the larger of the two one-sided p-values against +-margin
 
+    def cell(self) -> str:
+        """The look as a report's table shows it: "+0.002 (p 0.61, TOST p 0.21): open"."""
+        return (f"{self.mean:+.3f} (p {self.p_difference:.2g}, TOST p {self.p_equivalence:.2g}): "
+                f"{self.verdict or 'open'}")
+
 
 def paired_tests(diffs: list[float], margin: float) -> tuple[float, float, float]:
     """(mean, two-sided p of no difference, TOST p of |difference| >= margin) of paired differences
@@ -160,11 +165,14 @@ def sequential_verdicts(diffs: dict[str, list[float]], looks: list[int], margin:
     40:5333; its family-wise rate here is checked by simulation in tests/test_sequential.py). "equivalent" by TOST at look k's nominal
     level for alpha. A decided comparison stops: its later looks repeat its verdict and add no pairs;
     one found equivalent stays in Holm's count r (which only makes the others' tests stricter).
-    ``diffs`` holds at least looks[-1] pairs per comparison (only the ones a comparison reaches are
-    read: the rounds a campaign trains are those)."""
+    Only the pairs a comparison reaches are read; the paths end before the first look for which some
+    comparison still open has fewer pairs than the look asks (a campaign between rounds: the paths
+    so far, and which comparisons the next round trains)."""
     paths: dict[str, list[Look]] = {name: [] for name in diffs}
     for k, n in enumerate(looks):
         open_names = [name for name in diffs if not paths[name] or paths[name][-1].verdict is None]
+        if any(len(diffs[name]) < n for name in open_names):
+            break
         tested = {name: paired_tests(diffs[name][:n], margin) for name in open_names}
         found_different = {name for name in diffs if paths[name] and paths[name][-1].verdict in ("better", "worse")}
         remaining = len(diffs) - len(found_different)

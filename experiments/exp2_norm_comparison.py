@@ -19,6 +19,12 @@ The protocol of docs/experiments.md, the same for every configuration:
      and with the configuration at its own; "robust" says whether it stays the same ("not run"
      where those runs were not trained). Each better/worse verdict is drawn again with each
      evaluation seed left out in turn ("leave-one-seed-out").
+With --looks (e.g. 5,10,15,20,25,30) step 2 is group-sequential (babygpt.sequential): the evaluation
+seeds come in rounds, each comparison is looked at after every round and stops once it is better,
+worse or equivalent within ±m; the next round trains the next seeds of the comparisons still open
+(and the baseline's), up to the last look. O'Brien-Fleming alpha spending keeps the table's error
+rate over the looks, Holm over the comparisons; the report gives each comparison's look-by-look
+path and the pairs it used. The robustness runs (step 3) are the first look's seeds.
 "Loss" is the final evaluation of the validation split's test part (test_loss), and LRs are tuned on
 its other part (tune_loss); runs from before that split was recorded are tuned and reported on the
 whole split (val_loss_full), as the report says (babygpt.verdicts.loss_split). min_lr is always lr / 10,
@@ -53,14 +59,16 @@ import _common
 from _common import (EXP2_BUDGET, TUNED_FILE, config_path, floats, initial_loss, lr_list_problems,  # noqa: F401
                      lr_overrides, read_record, read_tuned)
 
-from babygpt.verdicts import EQUIVALENCE_MARGIN, MIN_PAIRS_FOR_VERDICT, compare_table, floor_interval, \
-    leave_one_seed_out, loss_split, mean_interval, outcome_counts, split_sentence, tuning_loss, verdict_loss
+from babygpt.verdicts import ALPHA, EQUIVALENCE_MARGIN, MIN_PAIRS_FOR_VERDICT, compare_table, count_cell, \
+    floor_interval, leave_one_seed_out, loss_split, mean_interval, outcome_counts, pairs_of, split_sentence, \
+    tuning_loss, verdict_loss
 from babygpt.errors import BabyGPTError
 from babygpt.ngram import label, strongest
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, reference_lines, save, save_log_x
 from babygpt.rundir import write_json
-from babygpt.stats import lr_sensitivity
+from babygpt.sequential import nominal_levels, sequential_verdicts
+from babygpt.stats import PairedTest, lr_sensitivity, pairs_for_difference, pairs_for_equivalence
 from babygpt.sweep import Run, Sweep
 from babygpt.tuning import HALF_DECADE, MAX_EXTENSIONS, ranked, search_all, snap_half_decade
 
@@ -103,6 +111,13 @@ class Exp2Options(_common.TrainingOptions):
     tuned_from: Optional[str] = option(None, "--full, --beyond: earlier tiers' outputs (comma-separated; the first "
                                              "that tuned a configuration counts), around whose tuned LRs the "
                                              f"search starts (none: results/{NAME})")
+    looks: Optional[str] = option(None, "group-sequential evaluation: comma-separated, increasing numbers of seed "
+                                        "pairs at which the verdicts are looked at, e.g. 5,10,15,20,25,30; each "
+                                        "comparison gets seeds a round at a time until it is decided or the last "
+                                        "look (none: one look at --seeds)")
+
+    def look_list(self) -> list[int]:
+        return [int(n) for n in self.looks.split(",")] if self.looks else []
 
     def config_files(self) -> list[str]:
         return self.configs.split(",") if self.configs else [config_path(n) for n in CORE]
@@ -126,6 +141,24 @@ class Exp2Options(_common.TrainingOptions):
                             f"got {self.tune_seeds}")
         if self.margin is not None and not (self.margin > 0 and math.isfinite(self.margin)):
             problems.append(f"--margin takes a positive number of nats, got {self.margin}")
+        return problems + self.looks_problems(names)
+
+    def looks_problems(self, names: list[str]) -> list[str]:
+        if self.looks is None:
+            return []
+        try:
+            looks = self.look_list()
+        except ValueError:
+            return [f"--looks takes comma-separated whole numbers of seed pairs, e.g. 5,10,15, got {self.looks!r}"]
+        problems = []
+        if looks[0] < MIN_PAIRS_FOR_VERDICT or any(b <= a for a, b in zip(looks, looks[1:])):
+            problems.append(f"--looks must increase and start at {MIN_PAIRS_FOR_VERDICT} pairs or more (a verdict "
+                            f"needs that many), got {self.looks}")
+        if self.seeds is not None:
+            problems.append("--seeds and --looks both set how many evaluation seeds run; pass one (with --looks, "
+                            "the last look is the most)")
+        if len(names) < 2:
+            problems.append("--looks needs at least two configurations: it decides comparisons with the baseline")
         return problems
 
 
@@ -144,15 +177,18 @@ class Plan:
     args: object = None  # the command line, for how the sweeps are spread (jobs, shards, GPUs)
     base_args: list = field(default_factory=list)
     tuning_runs: list = field(default_factory=list)  # every tuning run asked for so far, in order
+    looks: list = field(default_factory=list)  # --looks: the pairs at each look ([]: one look at every seed)
 
     def tuning(self, wanted: dict) -> dict:
         """{name: {lr: [the runs of each tuning seed]}} for the LRs ``wanted`` ({name: [lrs]})."""
         return {name: {lr: [Run(lr_overrides(lr), s, self.configs[name]) for s in self.tune_seeds] for lr in lrs}
                 for name, lrs in wanted.items()}
 
-    def seed_runs(self, lrs: dict) -> dict:
-        """{name: the runs of the evaluation seeds at lrs[name]} (none where there is no LR)."""
-        return {name: [Run(lr_overrides(lrs[name]), s, self.configs[name]) for s in self.seeds] if lrs.get(name)
+    def seed_runs(self, lrs: dict, counts: dict | None = None) -> dict:
+        """{name: the runs of the evaluation seeds at lrs[name]} (none where there is no LR): the first
+        counts[name] seeds where ``counts`` is given, else all of them."""
+        seeds = {name: self.seeds[:counts[name]] if counts else self.seeds for name in self.configs}
+        return {name: [Run(lr_overrides(lrs[name]), s, self.configs[name]) for s in seeds[name]] if lrs.get(name)
                 else [] for name in self.configs}
 
     def runner_up_runs(self, second: dict) -> dict:
@@ -160,7 +196,8 @@ class Plan:
         --runner_up asks for: the baseline alone (the default, as sweeps made before the option
         were), or every configuration ([] where it has no runner-up LR)."""
         sides = list(self.configs) if getattr(self.args, "runner_up", "baseline") == "all" else [self.baseline]
-        runs = self.seed_runs({name: second.get(name) for name in sides})
+        first = dict.fromkeys(self.configs, self.looks[0]) if self.looks else None  # --looks: the first look's
+        runs = self.seed_runs({name: second.get(name) for name in sides}, first)
         return {name: runs[name] for name in sides}
 
     def sweep(self, runs: list) -> Sweep:
@@ -180,6 +217,7 @@ class Outcome:
     seed_runs: dict
     robustness_runs: dict
     rows: dict
+    paths: dict | None = None  # --looks: {name: [sequential.Look per look]}; None: one look
 
 
 def main(argv):
@@ -189,9 +227,10 @@ def main(argv):
     configs = {config_name(c): c for c in args.config_files()}
     n_tune = args.tune_seeds or TUNE_SEEDS[tier]
     tuned_from = args.tuned_from or os.path.join("results", NAME)
+    looks = args.look_list()
     plan = Plan(tier, _common.output_path(args, NAME), configs, args.baseline or next(iter(configs)),
                 start_grids(args, tier, configs, tuned_from), list(range(n_tune)),
-                list(range(n_tune, n_tune + (args.seeds or SEEDS[tier]))), args)
+                list(range(n_tune, n_tune + (looks[-1] if looks else args.seeds or SEEDS[tier]))), args, looks=looks)
     outcome = train(args, plan)
     write_results(args, plan, outcome, tuned_from, started)
     return 0
@@ -218,7 +257,12 @@ def train(args, plan: Plan) -> Outcome:
     record = {"tuned": {n: (ranked(m) + [None])[0] for n, m in means.items()},
               "second": {n: (ranked(m) + [None, None])[1] for n, m in means.items()},
               "censored": {n: search.censored(means[n]) for n, (search, _) in searched.items()}}
-    seed_runs = plan.seed_runs(record["tuned"])
+    paths = None
+    if plan.looks:
+        seed_runs, paths = sequential_rounds(plan, record["tuned"], args.margin or EQUIVALENCE_MARGIN,
+                                             _common.reference_losses(args.data_dir).get("unigram"))
+    else:
+        seed_runs = plan.seed_runs(record["tuned"])
     robustness = plan.runner_up_runs(record["second"])
     rows = _common.finished_rows(plan.sweep(plan.tuning_runs + [r for rs in seed_runs.values() for r in rs]
                                             + [r for rs in robustness.values() for r in rs]))
@@ -227,7 +271,31 @@ def train(args, plan: Plan) -> Outcome:
                 "tune_seeds": plan.tune_seeds, **record,
                 "means": {n: {f"{lr:g}": m for lr, m in sorted(ms.items())} for n, ms in means.items()}})
     return Outcome(means, record["tuned"], record["second"], record.get("censored") or {}, seed_runs,
-                   robustness, rows)
+                   robustness, rows, paths)
+
+
+def sequential_rounds(plan: Plan, tuned: dict, margin: float, unigram: float | None) -> tuple[dict, dict]:
+    """--looks: the evaluation seeds a round at a time. Every configuration runs the first look's
+    seeds; after each round the table is looked at (sequential.sequential_verdicts) and the next
+    look's seeds run for the comparisons still open and the baseline. Returns ({name: its evaluation
+    runs}, {name: its path of looks}). A shard waits for the others at each round, whose verdicts
+    decide what the next one trains."""
+    base = plan.baseline
+    counts = dict.fromkeys(plan.configs, plan.looks[0])
+    while True:
+        runs = plan.seed_runs(tuned, counts)
+        rows = _common.finished_rows(plan.sweep(plan.tuning_runs + [r for rs in runs.values() for r in rs]),
+                                     last=False)
+        losses = verdict_losses(runs, rows, unigram)
+        paths = sequential_verdicts({name: pairs_of(losses[name], losses[base]) for name in plan.configs
+                                     if name != base}, plan.looks, margin)
+        done = min((len(path) for path in paths.values()), default=len(plan.looks))
+        still_open = [name for name, path in paths.items() if path and path[-1].verdict is None]
+        wanted = {**counts, **({name: plan.looks[done] for name in [*still_open, base]}
+                               if still_open and done < len(plan.looks) else {})}
+        if wanted == counts:  # decided, at the last look, or (pairs lost to a run without a loss) stuck
+            return runs, paths
+        counts = wanted
 
 
 def train_round(plan: Plan, wanted: dict) -> dict:
@@ -253,7 +321,8 @@ def write_results(args, plan: Plan, outcome: Outcome, tuned_from: str, started) 
     losses = verdict_losses(outcome.seed_runs, rows, refs.get("unigram"))
     runner_up = verdict_losses(outcome.robustness_runs, rows, refs.get("unigram"))
     margin = args.margin or EQUIVALENCE_MARGIN
-    seeds = f"seeds {', '.join(map(str, plan.seeds))}"
+    used = sorted({r.seed for rs in outcome.seed_runs.values() for r in rs})
+    seeds = f"seeds {', '.join(map(str, used))}"
     plot_curves({n: [load_run(sweep.out_dir(r)) for r in rs] for n, rs in outcome.seed_runs.items()}, refs,
                 os.path.join(plan.out, "norm_comparison.png"), f"val loss, mean and range over {seeds}, "
                                                                f"each configuration at its tuned LR")
@@ -268,13 +337,15 @@ def write_results(args, plan: Plan, outcome: Outcome, tuned_from: str, started) 
     sensitivities = sensitivities_over_one_grid(plan.grids, outcome.means, initial, trained)
     sections = [f"Tier `{plan.tier}`. Budget per run: {budget or 'train.py defaults'}; min_lr = lr/10; {how}"
                 f"{seeds} at each configuration's tuned LR, paired with {plan.baseline}. {splits(plan, outcome)} "
-                f"{verdict_rule(len(plan.configs) - 1, margin, args.margin, refs.get('unigram'))} "
+                f"{verdict_rule(len(plan.configs) - 1, margin, args.margin, refs.get('unigram'), plan.looks)} "
                 f"{_common.training_time(rows.values())}."
                 + ("" if sensitivities else " Each configuration searched its own grid, so the LR sensitivity "
                    "(which compares configurations over one grid) is left out: see the default tier's."),
                 _common.table_marker("tuned") + tuned_table(plan, outcome, losses, runner_up, margin, sensitivities,
                                                             strongest(matched.refs if matched else refs)),
                 _common.references_section(refs, matched), "![](norm_comparison.png)"]
+    if outcome.paths is not None:
+        sections.insert(2, looks_section(plan.looks, outcome.paths))
     plot_lr_curves(outcome.means, refs, initial, os.path.join(plan.out, "lr_sensitivity.png"))
     sections.insert(2, f"Final loss by learning rate, the mean over tuning {tune} (**bold**: the tuned LR, "
                     "*italic*: the runner-up; diverged: a tuning seed diverged; blank: not tried):\n\n"
@@ -312,8 +383,11 @@ def sensitivities_over_one_grid(grids: dict, means: dict, initial: dict, trained
     return {n: sensitivity(grids[n], means[n], initial[n], n in trained) for n in means}
 
 
-def verdict_rule(k: int, margin: float, stated: float | None, unigram: float | None) -> str:
-    """The report's sentences on how the table's verdicts are drawn: what babygpt.verdicts does."""
+def verdict_rule(k: int, margin: float, stated: float | None, unigram: float | None, looks: list | None = None) -> str:
+    """The report's sentences on how the table's verdicts are drawn: what babygpt.verdicts does (or
+    with --looks, babygpt.sequential)."""
+    if looks:
+        return sequential_rule(k, margin, stated, looks)
     over = "for the table's one comparison" if k == 1 else f"over the table's {k} comparisons together"
     given = " with --margin" if stated else ""
     failed = (f"A run that diverged or was skipped out counts at the data's unigram loss ({unigram:.4f} nats), as a "
@@ -333,6 +407,62 @@ def verdict_rule(k: int, margin: float, stated: float | None, unigram: float | N
             f"deleted (from every configuration) a better/worse verdict stays. *Robust*: whether the verdict stays "
             f"the same against the baseline at its runner-up LR, and with the configuration at its own (*not run*: "
             f"those runs were not trained; --runner_up all trains them).")
+
+
+def sequential_rule(k: int, margin: float, stated: float | None, looks: list) -> str:
+    """verdict_rule's sentences for --looks."""
+    levels = ", ".join(f"{n} pairs: {p:.3g}" for n, p in zip(looks, nominal_levels(looks, ALPHA)))
+    return (f"Verdicts are group-sequential over the table's {k} comparison{'s' if k > 1 else ''}: evaluation seed "
+            f"pairs come in rounds and each comparison is looked at after {', '.join(map(str, looks))} pairs, until "
+            f"it is decided. At a look, *better*/*worse* where the paired t-test rejects no difference at that look's "
+            f"level under O'Brien-Fleming alpha spending (Lan & DeMets 1983; family-wise 5% over the looks, two-sided "
+            f"levels {levels}), made sequential over the table by Holm (the i-th smallest p of the r comparisons not "
+            f"yet found different tested at the level for 5%/(r - i); Maurer & Bretz 2013); *equivalent within "
+            f"±{margin:.3f}* where two one-sided tests reject a difference of {margin:g} nats or more at that look's "
+            f"level (m stated before the runs{' with --margin' if stated else ''}, not estimated from them); a decided "
+            f"comparison trains no more seeds; one still open after the last look is *inconclusive*. The interval "
+            f"shown beside a verdict is at its deciding look's level (the last look's for an open one); *pairs to "
+            f"decide* is what a fixed design at the last look's level would need at the observed paired SD (80% "
+            f"power; Chow, Shao & Wang 2008). A run that diverged or was skipped out counts at the data's unigram "
+            f"loss. Leave-one-seed-out is not drawn for sequential verdicts (a look's data are its first pairs). "
+            f"*Robust*: the verdict drawn again (fixed design, Holm) on the first look's seeds against the baseline "
+            f"at its runner-up LR, and with the configuration at its own.")
+
+
+def looks_section(looks: list, paths: dict) -> str:
+    """The look-by-look paths: one row per comparison, one column per look (the paired difference,
+    the two p-values, the verdict so far; blank after it stopped)."""
+    rows = []
+    for name, path in paths.items():
+        cells = [look.cell() if i == 0 or path[i - 1].verdict is None else "" for i, look in enumerate(path)]
+        rows.append([name, *cells, *[""] * (len(looks) - len(path)),
+                     path[-1].pairs if path else 0])
+    return ("Each comparison's path over the looks (paired Δ against the baseline over the pairs so far, the t-test's "
+            "p, TOST's p, and the verdict; blank once it stopped or where the looks were not reached):\n\n"
+            + _common.table_marker("looks")
+            + _common.markdown_table(["comparison", *[f"look {i + 1}: {n} pairs" for i, n in enumerate(looks)],
+                                      "pairs used"], rows))
+
+
+def sequential_cells(path: list, diffs: list, looks: list, margin: float) -> list[str]:
+    """The tuned table's Holm-step CI, verdict, pairs-to-decide and leave-one-seed-out cells for a
+    comparison decided (or left open) by the sequential looks: the interval at the level of the look
+    it ended at, over the pairs it used."""
+    if not path:
+        return ["—", f"inconclusive ({len(diffs)} pairs)", "—", "—"]
+    last = path[-1]
+    decided = next(i for i, look in enumerate(path) if look is last)
+    level = nominal_levels(looks, ALPHA)[decided]
+    test = PairedTest.of(diffs[:last.pairs], margin)
+    ci = f"{test.mean:+.3f} ± {test.half_width(1 - level):.3f} ({100 * (1 - level):.4g}%)"
+    if last.verdict is not None:
+        verdict = f"equivalent within ±{margin:.3f}" if last.verdict == "equivalent" else last.verdict
+        return [ci, f"{verdict} (look {decided + 1}, {last.pairs} pairs)", "—", "—"]
+    sd = test.se * math.sqrt(test.df + 1)
+    final = nominal_levels(looks, ALPHA)[-1]
+    to_decide = (f"{count_cell(pairs_for_equivalence(sd, margin, final))} (TOST ±{margin:g}); "
+                 f"{count_cell(pairs_for_difference(sd, test.mean, final))} (difference)")
+    return [ci, f"inconclusive (look {len(path)}, {last.pairs} pairs)", to_decide, "—"]
 
 
 def verdict_losses(runs: dict, rows: dict, unigram: float | None) -> dict:
@@ -368,7 +498,7 @@ def tuned_table(plan: Plan, outcome: Outcome, losses: dict, runner_up: dict, mar
     again = runner_up_verdicts(losses, base, runner_up, margin)
     header = ["configuration", "parameters", "tuned LR", "runner-up LR", "LR sensitivity", "runs",
               "val loss, mean ± 95% CI", *([f"mean − {label(floor[0])} floor, scored as the runs ({floor[1]:.4f})"] if floor else []),
-              f"paired Δ vs {base}, 95% CI", "Holm-step CI", "verdict", "pairs to decide", "leave-one-seed-out",
+              f"paired Δ vs {base}, 95% CI", "Holm-step CI" if outcome.paths is None else "CI at the deciding look", "verdict", "pairs to decide", "leave-one-seed-out",
               f"robust at runner-up LR ({base}'s / own)", "train time / run (s)"]
     table = []
     for name in plan.configs:
@@ -383,9 +513,12 @@ def tuned_table(plan: Plan, outcome: Outcome, losses: dict, runner_up: dict, mar
                       f"{sens:.3f}" if sens is not None else "— (no LR trains)" if name in sensitivities else "—",
                       outcome_counts(rs), mean_interval(losses[name]),
                       *([floor_interval(losses[name], floor[1])] if floor else []),
-                      "(baseline)" if c is None else c.delta(), "—" if c is None else c.adjusted(),
-                      "—" if c is None else c.call(), "—" if c is None else c.to_decide(),
-                      "stable in {} of {} deletions".format(*stable[name]) if name in stable else "—",
+                      "(baseline)" if c is None else c.delta(),
+                      *(["—"] * 4 if c is None else
+                        sequential_cells(outcome.paths[name], pairs_of(losses[name], losses[base]), plan.looks, margin)
+                        if outcome.paths is not None else
+                        [c.adjusted(), c.call(), c.to_decide(),
+                         "stable in {} of {} deletions".format(*stable[name]) if name in stable else "—"]),
                       robust_cell(c, again.get(name)),
                       f"{statistics.fmean(r['wall_time_s'] or 0 for r in rs):.1f}" if rs else "—"])
     return _common.markdown_table(header, table)

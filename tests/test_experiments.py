@@ -978,3 +978,66 @@ def test_sizes_that_fit_but_would_run_for_hours_are_refused_with_the_estimate(da
                               "experiment 4 at n_layer=4 (width 32) would take at least", "hours of matrix products",
                               "lower --depths")
     assert os.listdir(tmp_path) == []
+
+
+def test_exp2_looks_are_checked_with_the_other_options(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import _common
+    from exp2_norm_comparison import Exp2Options
+
+    assert _common.parse(Exp2Options, ["--looks=5,10,20"], "exp2", "doc").look_list() == [5, 10, 20]
+    for argv, fragment in ((["--looks=2,5"], "start at 3 pairs or more"), (["--looks=5,5"], "must increase"),
+                           (["--looks=5,x"], "whole numbers of seed pairs"),
+                           (["--looks=5,10", "--seeds=5"], "--seeds and --looks both"),
+                           (["--looks=5,10", "--configs=config/prenorm_rms.py"], "at least two configurations")):
+        with pytest.raises(BabyGPTError, match=fragment):
+            _common.parse(Exp2Options, argv, "exp2", "doc")
+
+
+def test_exp2_looks_train_seeds_in_rounds_only_for_the_comparisons_still_open(monkeypatch):
+    """--looks: every configuration runs the first look's seeds; a comparison decided at a look trains no
+    more; the baseline and the open ones go on to the last look; the paths are the sequential verdicts of
+    all the data; each round waits for the other shards (last=False)."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp2_norm_comparison as exp2
+    from babygpt.sequential import sequential_verdicts
+
+    looks = [5, 10, 15, 20, 25, 30]
+    plan = exp2.Plan("full", "out", {"base": "base.py", "clear": "clear.py", "null": "null.py"}, "base",
+                     {}, [0, 1], list(range(2, 32)), looks=looks)
+    plan.sweep = lambda runs: runs
+
+    def loss(run):
+        noise = 0.02 * math.sin(7.0 * run.seed)  # shared by the configurations: what pairing removes
+        return 2.0 + noise + {"base.py": 0.0, "clear.py": -0.5 - 0.001 * (run.seed % 3),
+                              "null.py": 0.05 * (-1) ** run.seed}[run.config]
+
+    rounds = []
+
+    def finished_rows(runs, last=True):
+        rounds.append(({exp2.config_name(r.config) for r in runs}, len(runs), last))
+        return {r.name: {"status": "finished", "val_loss_full": loss(r)} for r in runs}
+
+    monkeypatch.setattr(exp2._common, "finished_rows", finished_rows)
+    runs, paths = exp2.sequential_rounds(plan, {"base": 1e-3, "clear": 3e-3, "null": 1e-3}, 0.01, 3.35)
+    assert {name: [r.seed for r in rs] for name, rs in runs.items()} == {
+        "base": list(range(2, 32)), "clear": list(range(2, 7)), "null": list(range(2, 32))}
+    assert [n for _, n, _ in rounds] == [15, 25, 35, 45, 55, 65] and not any(last for *_, last in rounds)
+    losses = {name: [loss(r) for r in rs] for name, rs in runs.items()}
+    want = sequential_verdicts({n: [a - b for a, b in zip(losses[n], losses["base"])] for n in ("clear", "null")},
+                               looks, 0.01)
+    assert paths == want and paths["clear"][0].verdict == "better" and paths["null"][-1].verdict is None
+    # the report: the look-by-look path (blank once stopped), and the verdict at its deciding look
+    section = exp2.looks_section(looks, paths)
+    clear_row = next(line for line in section.splitlines() if line.startswith("| clear |")).split(" | ")
+    assert clear_row[1] == paths["clear"][0].cell() and clear_row[2:7] == [""] * 5 and clear_row[7] == "5 |"
+    diffs = [a - b for a, b in zip(losses["clear"], losses["base"])]
+    ci, verdict, to_decide, _ = exp2.sequential_cells(paths["clear"], diffs, looks, 0.01)
+    assert verdict == "better (look 1, 5 pairs)" and to_decide == "—" and ci.endswith("%)")
+    null_diffs = [a - b for a, b in zip(losses["null"], losses["base"])]
+    _, verdict, to_decide, _ = exp2.sequential_cells(paths["null"], null_diffs, looks, 0.01)
+    assert verdict == "inconclusive (look 6, 30 pairs)" and "(TOST ±0.01)" in to_decide
+    # the first look's seeds for the robustness runs
+    assert [r.seed for r in plan.runner_up_runs({"base": 3e-3})["base"]] == list(range(2, 7))
+    rule = exp2.verdict_rule(2, 0.01, None, 3.35, looks)
+    assert "group-sequential" in rule and "O'Brien-Fleming" in rule and "30 pairs: " in rule

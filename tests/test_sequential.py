@@ -79,3 +79,16 @@ def test_a_decided_comparison_stops_and_keeps_its_verdict():
 def test_looks_must_be_increasing_pair_counts(looks):
     with pytest.raises(ValueError, match="looks must be increasing pair counts"):
         boundaries(looks)
+
+
+def test_the_paths_end_at_the_first_look_an_open_comparison_has_not_reached():
+    """Between a campaign's rounds: a decided comparison needs no more pairs; the looks go on while
+    every open one has its pairs, and what they say is what the whole data would say up to there."""
+    clear = [-5.0 + 0.001 * (i % 3) for i in range(5)]
+    null = [(-1) ** i * 1.0 for i in range(12)]
+    paths = sequential_verdicts({"clear": clear, "null": null}, LOOKS, margin=0.01)
+    assert [look.pairs for look in paths["null"]] == [5, 10] and paths["null"][-1].verdict is None
+    assert [look.verdict for look in paths["clear"]] == ["better", "better"]
+    whole = sequential_verdicts({"clear": clear + [0.0] * 25, "null": null + [0.0] * 18}, LOOKS, margin=0.01)
+    assert [whole[name][:2] for name in whole] == [paths[name] for name in paths]
+    assert sequential_verdicts({"clear": clear[:4], "null": null}, LOOKS, margin=0.01) == {"clear": [], "null": []}
