@@ -373,6 +373,20 @@ class MixLN(Placement):
     def for_block(self, cfg, index):
         return PLACEMENTS["post"] if index < cfg.mixln_post_blocks else PLACEMENTS["pre"]
 
+    def config_problems(self, cfg):
+        """Used or refused: a mixln_alpha set away from its default whose floor(alpha * n_layer) is the
+        default's makes the same model as the default, so it would be accepted and do nothing."""
+        problems = super().config_problems(cfg)
+        default = type(cfg).__dataclass_fields__["mixln_alpha"].default
+        if (isinstance(cfg.n_layer, int) and cfg.n_layer > 0 and isinstance(cfg.mixln_alpha, (int, float))
+                and 0 <= cfg.mixln_alpha <= 1
+                and cfg.mixln_alpha != default and cfg.mixln_post_blocks == math.floor(default * cfg.n_layer + 1e-9)):
+            problems.append(f"mixln_alpha {cfg.mixln_alpha:g} makes floor({cfg.mixln_alpha:g} x {cfg.n_layer}) = "
+                            f"{cfg.mixln_post_blocks} of the {cfg.n_layer} blocks Post-LN, as the default "
+                            f"{default:g} does: it would change nothing; leave it at {default:g}, or pick a value "
+                            f"that changes the count")
+        return problems
+
 
 class HybridNorm(Placement):
     """HybridNorm (Zhuo et al. 2025, arXiv:2503.04598; code BryceZhuo/HybridNorm,

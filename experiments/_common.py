@@ -500,26 +500,29 @@ def initial_loss(run_dir: str) -> float:
 MAX_SECONDS = 3600  # an experiment whose estimated compute exceeds this is refused: its defaults take minutes
 
 
-def seconds_for(flops: float) -> float:
-    """About the least time ``flops`` floating-point operations take here: at the rate of the fastest
-    of ten (4096, 512) x (512, 512) float32 matrix products timed now, near this CPU's peak."""
-    import torch
+def seconds_by_depth(run_at, clock=time.perf_counter) -> tuple[float, float]:
+    """(fixed seconds, seconds per block) of one unit of an experiment's work, timed now: ``run_at(n)``
+    does that unit with n blocks, at n = 1 and 2, the fastest of two runs each. The difference is a
+    block's whole cost: its matrix products and the overhead of each call into torch, which at large
+    depths outweighs what a count of floating-point operations predicts (experiment 4 at 300 layers
+    took a hundred times such a count's estimate)."""
+    times = []
+    for n in (1, 2):
+        fastest = math.inf
+        for _ in range(2):
+            start = clock()
+            run_at(n)
+            fastest = min(fastest, clock() - start)
+        times.append(fastest)
+    per_block = max(times[1] - times[0], 0.0)
+    return max(times[0] - per_block, 0.0), per_block
 
-    a, w = torch.randn(4096, 512), torch.randn(512, 512)
-    for _ in range(3):  # (warm-up: the thread pool, the caches)
-        a @ w
-    fastest = math.inf
-    for _ in range(10):
-        start = time.perf_counter()
-        a @ w
-        fastest = min(fastest, time.perf_counter() - start)
-    return fastest / (2 * 4096 * 512 * 512) * flops
 
-
-def size_problems(what: str, needed_bytes: int, flops: float, fix: str) -> list[str]:
+def size_problems(what: str, needed_bytes: int, seconds, fix: str) -> list[str]:
     """``what`` refused, with the figure, when it needs more memory than is free, or an estimated
     time above MAX_SECONDS (checked before anything is written: a size that would be killed by the
-    OS, or run for hours, is a typo more often than a plan)."""
+    OS, or run for hours, is a typo more often than a plan). ``seconds()`` estimates the time; it is
+    called only once the memory fits (it runs a little of the experiment to time it)."""
     import torch
 
     from babygpt.memory import memory_problem
@@ -527,10 +530,10 @@ def size_problems(what: str, needed_bytes: int, flops: float, fix: str) -> list[
     problem = memory_problem(needed_bytes, torch.device("cpu"), what, fix)
     if problem:
         return [problem]
-    seconds = seconds_for(flops)
-    if seconds > MAX_SECONDS:
-        return [f"{what} would take at least {seconds / 3600:,.1f} hours of matrix products on this machine, more "
-                f"than the {MAX_SECONDS // 60} minutes an experiment here allows; {fix}"]
+    estimate = seconds()
+    if estimate > MAX_SECONDS:
+        return [f"{what} would take about {estimate / 3600:,.1f} hours on this machine (timed at 1 and 2 blocks "
+                f"now), more than the {MAX_SECONDS // 60} minutes an experiment here allows; {fix}"]
     return []
 
 
@@ -541,6 +544,9 @@ def read_record(paths, configs) -> dict:
     records = []
     for path in paths:
         record = read_json(os.path.join(path, TUNED_FILE))
+        if record is None and os.path.lexists(os.path.join(path, TUNED_FILE)):
+            raise BabyGPTError(f"{os.path.join(path, TUNED_FILE)} is not a readable JSON object: it is damaged; "
+                               f"restore it (git checkout), or run that tier again")
         if record is None:
             raise BabyGPTError(f"no {TUNED_FILE} in '{path}'; run the default tier first "
                                f"(python experiments/exp2_norm_comparison.py with the same --configs) or pass --tuned_from DIR")
@@ -551,7 +557,8 @@ def read_record(paths, configs) -> dict:
         if damaged:
             key, name, value = damaged[0]
             raise BabyGPTError(f"{os.path.join(path, TUNED_FILE)} is damaged: its {key} LR for {name} is {value!r}, "
-                               f"not a positive number; restore it (git checkout), or run that tier again")
+                               f"not a learning rate train.py accepts; restore it (git checkout), or run that tier "
+                               f"again")
     tuned, second = {}, {}
     for name in configs:
         found = next(((t, s) for t, s in records if isinstance(t.get(name, ""), (int, float, type(None)))), None)
@@ -568,7 +575,8 @@ def read_record(paths, configs) -> dict:
 
 
 def _is_lr(value) -> bool:
-    return type(value) in (int, float) and math.isfinite(value) and value > 0
+    """A number train.py takes as learning_rate (its declared range)."""
+    return type(value) in (int, float) and FIELDS["learning_rate"].valid.problem("learning_rate", value) is None
 
 
 def read_tuned(path: str, configs) -> dict:

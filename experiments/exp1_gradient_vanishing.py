@@ -64,6 +64,15 @@ def measure(depth: int, width: int, batch: int, norm: str, activation: str, seed
     return stds, grads
 
 
+def seconds(depth: int, width: int, batch: int, activation: str) -> float:
+    """The estimated time of one seed's networks (one per norm), timed at 1 and 2 blocks now."""
+    total = 0.0
+    for norm in NORMS:
+        fixed, per_block = _common.seconds_by_depth(lambda n: measure(n, width, batch, norm, activation, 0))
+        total += fixed + per_block * depth
+    return total
+
+
 def memory_bytes(depth: int, width: int, batch: int) -> int:
     """One measured network: each block's float32 weight and its gradient (2 x width^2), and the three
     (batch, width) activations per block (Linear, norm, activation) kept for the backward pass."""
@@ -74,10 +83,10 @@ def main(argv):
     exp = _common.begin(Exp1Options, argv, "exp1_gradient_vanishing", __doc__)
     args = exp.args
     width, batch, seeds = (64, 64, 2) if args.quick else (256, 1024, 10)
-    # forward and backward: about three (batch, width) x (width, width) products a block, per network
     too_big = _common.size_problems(f"experiment 1 at --depth={args.depth} (width {width}, batch {batch})",
                                     memory_bytes(args.depth, width, batch),
-                                    3 * 2 * batch * width * width * args.depth * seeds * len(NORMS), "lower --depth")
+                                    lambda: seconds(args.depth, width, batch, args.activation) * seeds,
+                                    "lower --depth")
     if too_big:
         raise BabyGPTError(*too_big)
     out = exp.claim()

@@ -141,7 +141,18 @@ class Exp2Options(_common.TrainingOptions):
                             f"got {self.tune_seeds}")
         if self.margin is not None and not (self.margin > 0 and math.isfinite(self.margin)):
             problems.append(f"--margin takes a positive number of nats, got {self.margin}")
-        return problems + self.looks_problems(names)
+        return problems + self.looks_problems(names) + self.tuned_from_problems()
+
+    def tuned_from_problems(self) -> list[str]:
+        """--tuned_from is read where a search starts around earlier LRs: --full or --beyond without --lrs."""
+        if self.tuned_from is None:
+            return []
+        if not (self.full or self.beyond):
+            return ["--tuned_from is read by --full and --beyond only (this tier searches its own grid); drop it"]
+        if self.lrs is not None:
+            return ["--tuned_from and --lrs both say where the LR search starts; pass one"]
+        return [f"--tuned_from names '{p}', which is not a directory; give the output directory of an earlier tier"
+                for p in self.tuned_from.split(",") if not os.path.isdir(p)]
 
     def looks_problems(self, names: list[str]) -> list[str]:
         if self.looks is None:

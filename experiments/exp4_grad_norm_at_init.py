@@ -66,12 +66,20 @@ def model_bytes(n_layer: int, shape: Shape, vocab: int) -> int:
                                                                             vocab)
 
 
-def compute_flops(depths: list[int], shape: Shape, vocab: int) -> float:
-    """The models of one placement and init: 6 flops a parameter a token over the gradient's batches,
-    and 2 per parameter per token for each forward of the output-change probe."""
-    tokens = shape.batch_size * shape.block_size
-    params = [num_params_lower_bound(d, shape.width, shape.block_size, vocab) for d in depths]
-    return sum(p * tokens * (6 * shape.batches + 2 * (PROBE_DRAWS + 1)) for p in params)
+def seconds(placements, inits, depths: list[int], shape: Shape, data, vocab: int, probe_idx) -> float:
+    """The estimated time of every model: each placement and init timed at 1 and 2 blocks now (built,
+    profiled, its gradients and its output change measured, as main does)."""
+    def measured(placement, init, n):
+        model = model_at_init(placement, init, n, shape, vocab, probe_idx)
+        ffn_grad_norms(model, data, shape)
+        output_change(model, probe_idx)
+
+    total = 0.0
+    for placement in placements:
+        for init in inits:
+            fixed, per_block = _common.seconds_by_depth(lambda n: measured(placement, init, n))
+            total += sum(fixed + per_block * d for d in depths)
+    return total
 
 
 def model_at_init(placement: str, init: str, n_layer: int, shape: Shape, vocab: int, profile_idx: torch.Tensor,
@@ -191,14 +199,14 @@ def main(argv):
     depths = sorted({int(d) for d in (args.depths or ("2,4" if args.quick else "2,4,6,12,24")).split(",")})
     train, _, tok = load_dataset(args.data_dir)
     shape = SHAPES[exp.tier]
+    probe_idx = BatchSampler(train, shape.block_size, shape.batch_size, seed=4321).next_batch()[0]  # (B, T)
     too_big = _common.size_problems(f"experiment 4 at n_layer={depths[-1]} (width {shape.width})",
                                     model_bytes(depths[-1], shape, tok.vocab_size),
-                                    compute_flops(depths, shape, tok.vocab_size) * len(placements) * len(inits),
+                                    lambda: seconds(placements, inits, depths, shape, train, tok.vocab_size, probe_idx),
                                     "lower --depths")
     if too_big:
         raise BabyGPTError(*too_big)
     out = exp.claim()
-    probe_idx = BatchSampler(train, shape.block_size, shape.batch_size, seed=4321).next_batch()[0]  # (B, T)
 
     norms, change = {}, {}
     for init in inits:

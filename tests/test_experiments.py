@@ -923,7 +923,7 @@ def test_an_experiment_says_when_its_budget_overrides_a_config_files_own_key():
 
 
 @pytest.mark.parametrize("key, value", [("tuned", -0.003), ("tuned", math.nan), ("second", 0), ("tuned", "3e-3"),
-                                        ("tuned", True)])
+                                        ("tuned", True), ("tuned", 1e300)])
 def test_a_damaged_tuned_lrs_json_is_refused_by_name(key, value, data_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
     import exp2_norm_comparison as exp2
@@ -936,8 +936,41 @@ def test_a_damaged_tuned_lrs_json_is_refused_by_name(key, value, data_dir, tmp_p
     assert_refused_in_process(exp2.main, ["--full", f"--out={out}", f"--tuned_from={tmp_path / 'res'}",
                                           f"--configs={ROOT}/config/prenorm_rms.py", f"--data_dir={data_dir}"], capsys,
                               f"{tmp_path / 'res' / 'tuned_lrs.json'} is damaged: its {key} LR for prenorm_rms is",
-                              "not a positive number")
+                              "not a learning rate train.py accepts")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("text", ["{", "[1, 2]", ""])
+def test_a_tuned_lrs_json_that_is_not_a_json_object_is_called_damaged_not_missing(text, data_dir, tmp_path, capsys,
+                                                                                     monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp2_norm_comparison as exp2
+
+    (tmp_path / "res").mkdir()
+    (tmp_path / "res" / "tuned_lrs.json").write_text(text)
+    out = tmp_path / "full"
+    assert_refused_in_process(exp2.main, ["--full", f"--out={out}", f"--tuned_from={tmp_path / 'res'}",
+                                          f"--configs={ROOT}/config/prenorm_rms.py", f"--data_dir={data_dir}"], capsys,
+                              f"{tmp_path / 'res' / 'tuned_lrs.json'} is not a readable JSON object: it is damaged")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--tuned_from=results"], "--tuned_from is read by --full and --beyond only"),
+    (["--quick", "--tuned_from=results"], "--tuned_from is read by --full and --beyond only"),
+    (["--full", "--tuned_from=results", "--lrs=1e-3,3e-3"], "--tuned_from and --lrs both say where"),
+    (["--full", "--tuned_from=results,no/such/dir"], "--tuned_from names 'no/such/dir', which is not a directory"),
+])
+def test_exp2_tuned_from_is_refused_where_nothing_reads_it(argv, fragment, monkeypatch):
+    """Used or refused: the default and quick tiers search their own grid, and --lrs replaces the
+    points around the earlier LRs, so --tuned_from would do nothing there."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import _common
+    from exp2_norm_comparison import Exp2Options
+
+    with pytest.raises(BabyGPTError, match=re.escape(fragment)):
+        _common.parse(Exp2Options, argv, "exp2", "doc")
 
 
 @pytest.mark.parametrize("script, argv, fragment", [
@@ -961,23 +994,50 @@ def test_sizes_beyond_memory_are_refused_with_the_figure_before_anything_is_writ
     assert os.listdir(tmp_path) == []
 
 
-def test_sizes_that_fit_but_would_run_for_hours_are_refused_with_the_estimate(data_dir, tmp_path, capsys,
-                                                                               monkeypatch):
-    """The estimate: the experiment's matrix products at the rate of the fastest one timed now (here a
-    machine that does one flop a second, so that any size is hours)."""
+@pytest.mark.parametrize("script, argv, fragment", [
+    ("exp4_grad_norm_at_init", ["--depths=2,4"], "experiment 4 at n_layer=4 (width 32) would take about 10.0 hours"),
+    ("exp1_gradient_vanishing", ["--depth=4"], "experiment 1 at --depth=4 (width 64, batch 64) would take about "
+                                               "10.0 hours"),
+])
+def test_sizes_that_fit_but_would_run_for_hours_are_refused_with_the_estimate(script, argv, fragment, data_dir,
+                                                                               tmp_path, capsys, monkeypatch):
+    """The estimate: each unit of the experiment timed at 1 and 2 blocks, extended linearly to the
+    depths asked for (here a machine where a block takes 1,000 s, 500 s more for the unit: exp4's
+    default 3 placements x 2 inits x (2 x 500 + (2 + 4) x 1,000) s = 42,000 s; exp1's quick tier,
+    2 seeds x 3 norms x (500 + 4 x 1,000) s = 27,000 s)."""
+    import importlib
+
     monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
     import _common
-    import exp4_grad_norm_at_init as exp4
 
     from babygpt import memory
 
+    module = importlib.import_module(script)
     monkeypatch.setattr(memory, "available_bytes", lambda device: 2**40)
-    monkeypatch.setattr(_common, "seconds_for", lambda flops: flops)
-    assert_refused_in_process(exp4.main, ["--depths=2,4", "--quick", f"--out={tmp_path / 'out'}",
-                                          f"--data_dir={data_dir}"], capsys,
-                              "experiment 4 at n_layer=4 (width 32) would take at least", "hours of matrix products",
-                              "lower --depths")
+    monkeypatch.setattr(_common, "seconds_by_depth", lambda run_at: (500.0, 1000.0))
+    monkeypatch.setattr(_common, "MAX_SECONDS", 3600)
+    data = [f"--data_dir={data_dir}"] if script == "exp4_grad_norm_at_init" else []
+    hours = {"exp4_grad_norm_at_init": 42000 / 3600, "exp1_gradient_vanishing": 27000 / 3600}[script]
+    assert_refused_in_process(module.main, [*argv, "--quick", f"--out={tmp_path / 'out'}", *data], capsys,
+                              fragment.replace("10.0", f"{hours:,.1f}"), "(timed at 1 and 2 blocks now)",
+                              "lower --depth")
     assert os.listdir(tmp_path) == []
+
+
+def test_the_time_estimate_is_a_units_cost_at_one_block_and_each_blocks_beyond(monkeypatch):
+    """seconds_by_depth on a clock that a unit of n blocks advances by 3 + 2n seconds (the fastest
+    of two runs counts: the first run at each depth is slower here by 5 s)."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import _common
+
+    now, calls = [0.0], []
+
+    def run_at(n):
+        calls.append(n)
+        now[0] += 3 + 2 * n + (5 if calls.count(n) == 1 else 0)
+
+    assert _common.seconds_by_depth(run_at, clock=lambda: now[0]) == (3.0, 2.0)
+    assert calls == [1, 1, 2, 2]
 
 
 def test_exp2_looks_are_checked_with_the_other_options(monkeypatch):

@@ -985,3 +985,13 @@ def test_ngpt_trains_and_its_config_file_builds_it(data_dir, tmp_path):
     summary = Trainer(cfg).train()
     first = float(open(tmp_path / "n" / "metrics.jsonl").readline().split('"val_loss": ')[1].rstrip("}\n"))
     assert summary["status"] == "finished" and summary["val_loss_full"] < first - 0.5
+
+
+@pytest.mark.parametrize("alpha,n_layer", [(0.3, 6), (0.2, 6), (0.4, 2), (0.1, 3)])
+def test_a_mixln_alpha_that_makes_the_defaults_blocks_is_refused(alpha, n_layer):
+    """Used or refused: floor(alpha * n_layer) is what the model reads; a value that gives the
+    default's count changes nothing (0.25 x 6 and 0.3 x 6 both make one Post-LN block)."""
+    with pytest.raises(BabyGPTError, match=rf"mixln_alpha {alpha:g} makes floor\({alpha:g} x {n_layer}\) = "
+                                           rf"\d+ of the {n_layer} blocks Post-LN, as the default 0.25 does"):
+        tiny_config(norm_placement="mixln", mixln_alpha=alpha, n_layer=n_layer)
+    tiny_config(norm_placement="mixln", n_layer=n_layer)  # the default itself is fine
