@@ -33,6 +33,9 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
     if os.path.isdir(path):
         raise BabyGPTError(f"checkpoint '{path}' is a directory; give the checkpoint file in it, e.g. "
                            f"{os.path.join(path, 'best.pt')}")
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block torch.load forever
+        raise BabyGPTError(f"checkpoint '{path}' is not a regular file (a pipe, socket or device); give the "
+                           f"checkpoint file itself")
     if not os.path.isfile(path):
         raise BabyGPTError(f"checkpoint '{path}' not found; train first (python train.py CONFIG) "
                            f"or check the path")

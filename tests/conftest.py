@@ -109,6 +109,20 @@ def small_data(tmp_path_factory):
     return prepare_small_data(tmp_path_factory.mktemp("small"))
 
 
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A finished 10-iteration run of the tiny model on SMALL_CORPUS, trained in this process once per
+    test module: (its run directory, the argv it was trained with)."""
+    from babygpt.config import load_config
+    from babygpt.trainer import train
+
+    root = tmp_path_factory.mktemp("tiny_run")
+    data_dir = prepare_small_data(root)
+    argv = [f"--data_dir={data_dir}", f"--out_dir={root / 'run'}", *TINY_TRAIN_ARGS, "--max_iters=10"]
+    train(load_config(argv))
+    return root / "run", argv
+
+
 @pytest.fixture
 def fresh_data(small_data, tmp_path):
     """A copy of small_data, without its cached n-gram floors, that a test may change."""

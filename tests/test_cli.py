@@ -11,7 +11,6 @@ import torch
 
 from babygpt import cli
 from babygpt.config import TrainConfig, load_config
-from babygpt.trainer import train
 from conftest import ROOT, TINY_TRAIN_ARGS as TINY, prepare_small_data, run_script
 from conftest import assert_user_error as conftest_assert_user_error
 
@@ -191,23 +190,14 @@ def test_the_default_schedule_has_no_warning():
     assert TrainConfig().schedule_warnings() == []
 
 
-@pytest.fixture(scope="module")
-def run_in_process(tmp_path_factory):
-    root = tmp_path_factory.mktemp("in_process")
-    data_dir = prepare_small_data(root)
-    argv = [f"--data_dir={data_dir}", f"--out_dir={root / 'run'}", *TINY, "--max_iters=10"]
-    train(load_config(argv))
-    return root / "run", argv
-
-
 @pytest.mark.slow
-def test_a_resumed_run_says_where_it_resumes_and_which_settings_it_changes(run_in_process, capsys):
+def test_a_resumed_run_says_where_it_resumes_and_which_settings_it_changes(tiny_run, capsys):
     """A resume takes its settings from the command line and today's defaults, not the checkpoint:
     each one that differs from the run's last start is named, the same settings give no warning."""
     from babygpt.rundir import RunDir
     from babygpt.trainer import resume_changes
 
-    out, argv = run_in_process
+    out, argv = tiny_run
     assert resume_changes(RunDir(str(out)), load_config([*argv, "--init_from=resume"])) is None
     assert cli.run(cli.train_main, [*argv, "--max_iters=20", "--init_from=resume"]) == 0
     captured = capsys.readouterr()

@@ -4,12 +4,9 @@ files and --help, and its conveniences (a run directory as --ckpt, one greedy sa
 import pytest
 
 from babygpt import cli
-from babygpt.config import load_config
 from babygpt.errors import BabyGPTError
 from babygpt.options import ShowHelp, parse_into
 from babygpt.sampling import USAGE, SampleOptions, read_prompt
-from babygpt.trainer import train
-from conftest import TINY_TRAIN_ARGS, prepare_small_data
 
 
 def test_prompt_file_is_read_byte_for_byte(tmp_path):
@@ -29,6 +26,22 @@ def test_a_prompt_path_that_is_not_a_regular_file_is_refused_without_waiting(tmp
     os.mkfifo(path) if kind == "fifo" else path.mkdir()
     with pytest.raises(BabyGPTError, match=f"prompt file '{path}' is (a directory|a pipe or socket, not a file)"):
         read_prompt(f"FILE:{path}")
+
+
+def test_a_checkpoint_that_is_a_fifo_is_refused_as_such_without_waiting(tmp_path, capsys):
+    """A FIFO at the checkpoint's path exists but is no file: saying "not found" would send the user
+    looking for a file that is there; reading it would block."""
+    import os
+
+    from babygpt.checkpoint import load_checkpoint
+
+    path = tmp_path / "ckpt.pt"
+    os.mkfifo(path)
+    with pytest.raises(BabyGPTError, match=f"checkpoint '{path}' is not a regular file"):
+        load_checkpoint(str(path))
+    assert cli.run(cli.sample_main, [f"--ckpt={path}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "is not a regular file" in err and "Traceback" not in err
 
 
 def test_sample_refuses_a_closed_stdout_before_loading_anything(tmp_path, monkeypatch, capsys):
@@ -85,18 +98,9 @@ def test_sample_help_lists_every_option():
         assert name in h.value.text
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sample_run")
-    data_dir = prepare_small_data(root)
-    argv = [f"--data_dir={data_dir}", f"--out_dir={root / 'run'}", *TINY_TRAIN_ARGS, "--max_iters=10"]
-    train(load_config(argv))
-    return root / "run", argv
-
-
 @pytest.mark.slow
-def test_sample_takes_a_run_directory_and_prints_one_greedy_sample(run_dir, capsys):
-    out, _ = run_dir
+def test_sample_takes_a_run_directory_and_prints_one_greedy_sample(tiny_run, capsys):
+    out, _ = tiny_run
     assert cli.run(cli.sample_main, [f"--ckpt={out}", "--temperature=0", "--max_new_tokens=5", "--device=cpu"]) == 0
     captured = capsys.readouterr()
     assert f"sampling from {out}/best.pt" in captured.err and "1 is printed, not 3" in captured.err
