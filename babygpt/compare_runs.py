@@ -20,7 +20,7 @@ from .files import output_file_problems
 from .ngram import label, strongest
 from .options import option, parse_into
 from .rundir import RunDir, latest_config, read_record, read_summary
-from .runstore import expand_runs, stored
+from .runstore import config_problem, expand_runs, metrics_problem, stored, summary_fields_problem
 
 # Keys that say where or how a run ran, not what it is: never shown as a difference.
 DEFAULTS = to_dict(TrainConfig())  # what a key a record lacks ran at
@@ -59,7 +59,7 @@ def read_run(path: str) -> RunRecord:
                                f"run")
         info, summary, rows = read_record(rundir.config, ("config",)), read_summary(rundir.summary), \
             rundir.metrics_rows()
-    problem = record_problem(info, summary)
+    problem = record_problem(info, summary, rows)
     if problem:
         raise BabyGPTError(f"{os.path.join(path, problem[0])} is damaged ({problem[1]}); restore it, or leave that "
                            f"run out")
@@ -72,18 +72,13 @@ def _is_number(value) -> bool:
     return type(value) in (int, float) and math.isfinite(value)
 
 
-def record_problem(info: dict, summary: dict | None) -> tuple[str, str] | None:
-    """(file, what is wrong) for the first field compare.py reads that has the wrong type, or None."""
-    if not isinstance(info.get("resumes", []), list):
-        return "config.json", f"its resumes is {type(info['resumes']).__name__}, not a list of starts"
-    if latest_config(info) is None:
-        return "config.json", "no settings in its last start"
-    if info.get("num_params") is not None and type(info["num_params"]) is not int:
-        return "config.json", f"its num_params is {info['num_params']!r}, not a whole number"
-    refs = (summary or {}).get("references")
-    if refs is not None and not (isinstance(refs, dict) and all(_is_number(v) for v in refs.values())):
-        return "summary.json", f"its references is {str(refs)[:40]!r}, not a table of n-gram losses"
-    return None
+def record_problem(info: dict, summary: dict | None, rows: list[dict]) -> tuple[str, str] | None:
+    """(file, what is wrong) for the first field of a run's records that is not of a kind a run
+    writes (the checks a sweep's store makes of each of its lines), or None."""
+    found = (("config.json", config_problem(info)),
+             ("summary.json", summary_fields_problem(summary) if summary is not None else None),
+             ("metrics.jsonl", metrics_problem(rows)))
+    return next(((name, problem) for name, problem in found if problem), None)
 
 
 def setting(run: RunRecord, key: str):
@@ -157,7 +152,24 @@ class CompareOptions:
         from .plot import image_formats
 
         problems = [] if len(expand_runs(self.runs)) >= 2 else ["pass at least two run directories to compare"]
-        return problems + (output_file_problems(self.plot, "--plot", image_formats()) if self.plot else [])
+        # (an empty --plot= is refused there, not read as no --plot)
+        plot = output_file_problems(self.plot, "--plot", image_formats()) if self.plot is not None else []
+        return problems + repeated_runs(self.runs) + plot
+
+
+def repeated_runs(paths: list[str]) -> list[str]:
+    """A problem for each run ``paths`` name more than once: one path twice (however spelled), or a
+    run and its sweep's directory. Its row would be shown twice, as if it were two runs."""
+    named: dict[str, str] = {}  # the run's real path -> the argument that named it first
+    problems = []
+    for given in paths:
+        for run in expand_runs([given]):
+            key = os.path.realpath(run)
+            if key in named:
+                problems.append(f"the run {run!r} is named twice ({named[key]!r}, then {given!r}); pass each "
+                                f"run once")
+            named.setdefault(key, given)
+    return problems
 
 
 def main(argv: list[str]) -> int:

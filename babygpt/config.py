@@ -226,6 +226,36 @@ def convert(name: str, value, from_cli: bool):
     return convert_value(name, FIELDS[name].type, value, from_cli)
 
 
+def set_problems(specs: list[str]) -> list[str]:
+    """What is wrong with a sweep's ``--set KEY=VALUE`` options taken one by one, before any run is
+    made of them: malformed, an unknown key, an empty value, one the key's type or declared range
+    refuses, and a key set twice (the last value would silently win). The rules between keys need
+    the whole of each run's settings: the sweep checks those."""
+    problems, by_key = [], {}
+    for spec in specs:
+        key, eq, text = spec.partition("=")
+        if not (key and eq):
+            problems.append(f"malformed --set '{spec}'; write --set key=value")
+            continue
+        by_key.setdefault(key, []).append(spec)
+        if key not in FIELDS:
+            problems.append(f"--set {spec}: {unknown_name(key, FIELDS, 'config key', '')}")
+        elif not text:
+            problems.append(f"--set {spec} was given an empty value; give {key} a value, or leave that --set out")
+        else:
+            try:
+                value = convert(key, text, from_cli=True)
+            except ValueError as e:
+                problems.append(f"--set {spec}: {e}")
+                continue
+            valid = FIELDS[key].valid
+            problem = valid.problem(key, value) if valid is not None and value is not None else None
+            if problem:
+                problems.append(f"--set {spec}: {problem}")
+    return problems + [f"--set {key} is given {len(given)} times ({', '.join(given)}); set each key once"
+                       for key, given in by_key.items() if len(given) > 1]
+
+
 # ---------------------------------------------------------------- config files and argv
 
 def read_config_file(path: str) -> dict:

@@ -28,6 +28,14 @@ SETTINGS_FILE = "settings.json"
 _PENDING: dict[str, "OutputDir"] = {}  # claimed directories whose old results await commit, by path
 
 
+def made_by(path: str) -> str | None:
+    """The experiment whose results ``path`` holds: the name its settings.json records (one that names
+    no experiment is someone else's file); else None. Only ``path`` itself counts: sweeps of their
+    own may live below an experiment's results, as experiment 14 reads them."""
+    name = (read_json(os.path.join(path, SETTINGS_FILE)) or {}).get("experiment")
+    return None if name is None else str(name)
+
+
 def aside_path(path: str) -> str:
     """Where ``--overwrite`` keeps the old results of ``path`` until the new ones are complete."""
     parent, name = os.path.split(os.path.abspath(path))

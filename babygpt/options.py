@@ -11,7 +11,8 @@ text); ``parse`` reads them the same way in train.py, sample.py, bench.py, exper
 
 Values are converted by the field's type (int, float, bool, str, a Literal's choices, Optional,
 ``list[str]`` for an option that may be repeated); an unknown name gets a close-match suggestion;
-every problem found is reported together, in one BabyGPTError.
+an empty value (``--key=``) and an option that is not repeatable given twice are refused; every
+problem found is reported together, in one BabyGPTError.
 """
 
 from __future__ import annotations
@@ -265,6 +266,7 @@ def parse(argv: list[str], options: dict[str, Option], usage: str, *, kind: str 
     positional = [o for o in options.values() if o.positional]
     values: dict = {}
     problems: list[str] = []
+    given: dict[str, list[str]] = {}  # the texts each option that is not repeatable was given
     args = list(argv)
     while args:
         arg = args.pop(0)
@@ -288,8 +290,9 @@ def parse(argv: list[str], options: dict[str, Option], usage: str, *, kind: str 
             problems.append(unknown_name(key, named, kind, dashes))
             continue
         if not eq and opt.is_flag:
-            # --flag alone is true; --flag false (or none, for an optional one) takes the word.
-            spelled = follows is not None and follows.lower() in _TRUE | _FALSE | {"none", "null"}
+            # --flag alone is true; --flag false (or none, for an optional one) takes the word, and so
+            # does --flag "" (an empty shell variable), to be refused as empty below.
+            spelled = follows is not None and follows.lower() in _TRUE | _FALSE | {"none", "null", ""}
             text = args.pop(0) if spelled else "true"
         elif not eq:
             if follows is None:
@@ -297,12 +300,21 @@ def parse(argv: list[str], options: dict[str, Option], usage: str, *, kind: str 
                                 f"(e.g. {arg}=VALUE)")
                 continue
             text = args.pop(0)  # --key value
+        if not text:  # read as none or as an empty name, it would quietly mean "not given" or "here"
+            problems.append(f"--{key} was given an empty value ''; give it a value"
+                            + ("" if opt.required else ", or leave it out for its default"))
+            continue
+        if not opt.repeats:
+            given.setdefault(key, []).append(text)
         try:
             value = convert(key, opt.type, text, from_cli=True)
         except ValueError as e:
             problems.append(str(e))
             continue
         values[key] = values.get(key, []) + value if opt.repeats else value
+    # Of two values the last would silently win, whatever the first was meant to say.
+    problems += [f"--{key} is given {len(texts)} times ({', '.join(map(repr, texts))}); give it once"
+                 for key, texts in given.items() if len(texts) > 1]
     for opt in [*named.values(), *positional]:
         if opt.required and opt.name not in values:
             what = f"--{opt.name}" if not opt.positional else (opt.metavar or opt.name.upper())

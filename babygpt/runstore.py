@@ -23,13 +23,17 @@ before the original is deleted); runs not yet over are left where they are.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 
-from .errors import BabyGPTError
+from .config import FIELDS, convert as convert_setting
+from .errors import BabyGPTError, unknown_choice
 from .files import user_error
-from .provenance import ROOT
+from .model import INITS, PLACEMENTS, RESIDUAL_GATES
+from .norms import NORMS
+from .provenance import ROOT, RUN_RECORD_FORMAT
 from .rundir import RunDir, latest_config, read_record, read_summary
 from .state import ENDED, summary_problems
 
@@ -59,20 +63,135 @@ def record_problem(record) -> str | None:
     """What makes a store line not one this module writes, or None."""
     if not isinstance(record, dict) or record.get("format") != STORE_FORMAT:
         return f"not a format-{STORE_FORMAT} run record"
-    if not isinstance(record.get("name"), str) or not record["name"]:
-        return "no run name"
-    if not isinstance(record.get("config"), dict) or latest_config(record["config"]) is None:
-        return f"{record['name']}: no settings in its config"
+    name = record.get("name")
+    problem = name_problem(name)
+    if problem:
+        return problem
+    if not isinstance(record.get("config"), dict):
+        return f"{name}: no settings in its config"
+    problem = config_problem(record["config"])
+    if problem:
+        return f"{name}'s config.json: {problem}"
     if not isinstance(record.get("summary"), dict) or summary_problems(record["summary"]):
-        return f"{record['name']}: its summary is damaged"
+        return f"{name}: its summary is damaged"
     if record["summary"]["status"] not in ENDED:
-        return f"{record['name']}: a run that is not over ({record['summary']['status']})"
+        return f"{name}: a run that is not over ({record['summary']['status']})"
+    problem = summary_fields_problem(record["summary"])
+    if problem:
+        return f"{name}'s summary.json: {problem}"
     metrics = record.get("metrics")
     if not isinstance(metrics, list) or not all(isinstance(r, dict) and type(r.get("iter")) is int for r in metrics):
-        return f"{record['name']}: its metrics are not rows"
+        return f"{name}: its metrics are not rows"
+    problem = metrics_problem(metrics)
+    if problem:
+        return f"{name}'s metrics.jsonl: {problem}"
     if not isinstance(record.get("source"), dict):
-        return f"{record['name']}: no source"
+        return f"{name}: no source"
     return None
+
+
+def name_problem(name) -> str | None:
+    """Why ``name`` cannot name a stored run, or None. Its directory is ``<root>/runs/<name>`` (where
+    a run's files are read and written back), so a name is one plain path component: a separator or
+    a ``..`` would reach outside the sweep."""
+    if not isinstance(name, str) or not name:
+        return "no run name"
+    if name in (".", "..") or "\0" in name or any(sep in name for sep in ("/", os.sep, os.altsep) if sep):
+        return f"its name {name!r} is not a run name (one path component, not '.' or '..', without '/' or NUL)"
+    return None
+
+
+def _brief(value) -> str:
+    """``value`` as a message quotes it: its repr, cut to 40 characters (a record's field may be huge)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def config_problem(info: dict) -> str | None:
+    """What makes ``info`` (a run's config.json) not one a run of this code wrote, or None: a format
+    this code does not know, resumes that are not a list, no settings, a num_params that is not a
+    count, or settings no config could have (``settings_problem``)."""
+    version = info.get("format", 1)  # (format 1 records predate the key)
+    if type(version) is not int or not 1 <= version <= RUN_RECORD_FORMAT:
+        return f"its format {_brief(version)} is none this code reads (1 to {RUN_RECORD_FORMAT})"
+    if not isinstance(info.get("resumes", []), list):
+        return f"its resumes is {type(info['resumes']).__name__}, not a list of starts"
+    settings = latest_config(info)
+    if settings is None:
+        return "no settings in its last start"
+    if info.get("num_params") is not None and type(info["num_params"]) is not int:
+        return f"its num_params is {_brief(info['num_params'])}, not a whole number"
+    return settings_problem(settings)
+
+
+# The keys whose values are names from a registry, with the names a run may have used.
+CHOICES = {"norm_type": NORMS, "norm_placement": PLACEMENTS, "init": INITS, "residual_gate": RESIDUAL_GATES}
+
+
+def settings_problem(settings: dict) -> str | None:
+    """The first setting of a run's config.json ("config") that no run could have had, or None: a
+    value that does not convert to its key's declared type, one outside the key's declared range, or
+    a name none of its registry's entries has. Each key alone: the rules between keys are today's
+    (a rule made stricter later must not make old records unreadable), and a key this code no
+    longer has is left alone, so a record keeps what its run was made with."""
+    for key, value in settings.items():
+        if key not in FIELDS:
+            continue
+        try:
+            value = convert_setting(key, value, from_cli=False)
+        except ValueError as e:
+            return str(e)
+        valid = FIELDS[key].valid
+        problem = valid.problem(key, value) if valid is not None and value is not None else None
+        if problem:
+            return problem
+        if key in CHOICES and value not in CHOICES[key]:
+            return unknown_choice(key, value, CHOICES[key])
+    return None
+
+
+def _is_number(value) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def summary_fields_problem(summary: dict) -> str | None:
+    """The first field of ``summary`` (a summary.json that state.summary_problems accepts) of a kind
+    no run writes, or None: a loss (``*_loss``) or a time in seconds (``*_s``) that is not a finite
+    number >= 0, or n-gram floors (``references*``) that are not a table of losses. Null is a value
+    a run writes (a loss that was not finite, floors it could not compute)."""
+    for key, value in summary.items():
+        if value is None:
+            continue
+        if key.startswith("references"):
+            ok, want = isinstance(value, dict) and all(map(_is_number, value.values())), "a table of n-gram losses"
+        elif key.endswith(("_loss", "_s")):
+            ok, want = _is_number(value) and value >= 0, "a finite number >= 0"
+        else:
+            continue
+        if not ok:
+            return f"its {key} is {_brief(value)}, not {want}"
+    return None
+
+
+def metrics_problem(rows: list[dict]) -> str | None:
+    """The first value of the metrics ``rows`` of a kind no run writes, or None: each is a number
+    (null where it was not finite) or, for the diagnostics, a list of them (per block, per head)."""
+    for row in rows:
+        for key, value in row.items():
+            if not _is_metric(value):
+                return f"its row at iter {row.get('iter')} has {key} {_brief(value)}, not a number"
+    return None
+
+
+def _is_metric(value) -> bool:
+    pending = [value]  # (a loop, not recursion: JSON nests lists deeper than Python's stack allows)
+    while pending:
+        item = pending.pop()
+        if isinstance(item, list):
+            pending.extend(item)
+        elif item is not None and type(item) not in (int, float):
+            return False
+    return True
 
 
 class RunStore:
@@ -117,7 +236,7 @@ class RunStore:
             except (ValueError, RecursionError):
                 record = None
             problem = record_problem(record)
-            if problem and number == len(lines):  # the last line, with no newline: an append cut short
+            if record is None and number == len(lines):  # the last line, not JSON: an append cut short
                 continue
             if problem:
                 raise BabyGPTError(f"{self.path} line {number} is damaged ({problem}); restore the file "

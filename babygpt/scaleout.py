@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
 
+from .config import set_problems
 from .errors import BabyGPTError
 from .options import option
 from .rundir import RunLock
@@ -72,7 +73,9 @@ class ScaleOutOptions:
                                         "torch)", metavar="DIR,...")
 
     def scale_out_problems(self) -> list[str]:
-        problems = []
+        # every sweep takes --set (declared beside its own options): each KEY=VALUE is read here, with
+        # the other options, before --out is looked at
+        problems = set_problems(getattr(self, "set", []))
         if self.shard is not None:
             try:
                 Shard.parse(self.shard)

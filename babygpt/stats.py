@@ -67,6 +67,28 @@ def _incomplete_beta(a: float, b: float, x: float) -> float:
     return math.exp(log_front) * fraction / a
 
 
+def beta_ppf(q: float, a: float, b: float) -> float:
+    """The q-quantile of the Beta(a, b) distribution: the x with I_x(a, b) = q, by bisection (to 1e-12)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _incomplete_beta(a, b, mid) < q else (lo, mid)
+    return (lo + hi) / 2
+
+
+def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The exact (Clopper & Pearson 1934, Biometrika 26:404) two-sided interval for a rate seen k times
+    in n trials: the p whose binomial tails at k are each (1 - confidence) / 2, from the Beta quantiles
+    Beta((1-c)/2; k, n-k+1) and Beta((1+c)/2; k+1, n-k); 0 and 1 at the ends. It never covers less than
+    ``confidence`` (it is conservative), which at a handful of runs is the honest side to err on."""
+    if not 0 <= k <= n or n < 1:
+        raise ValueError(f"a rate needs 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    tail = (1 - confidence) / 2
+    lo = 0.0 if k == 0 else beta_ppf(tail, k, n - k + 1)
+    hi = 1.0 if k == n else beta_ppf(1 - tail, k + 1, n - k)
+    return lo, hi
+
+
 def t_cdf(t: float, df: float) -> float:
     """P(T <= t) for Student's t with ``df`` degrees of freedom: the tail is I_{df/(df+t^2)}(df/2, 1/2) / 2."""
     if math.isinf(t):

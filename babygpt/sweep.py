@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from . import launcher
 from .errors import BabyGPTError, Interrupted
+from .experimentdir import SETTINGS_FILE, made_by
 from .launcher import PreloadedLauncher
 from .options import option, parse_into
 from .rundir import RunLock, latest_config
@@ -418,7 +419,17 @@ class SweepGrid:
             problems.append(f"--jobs must be at least 1, got {self.jobs}")
         if self.config and not os.path.exists(self.config):
             problems.append(f"config file '{self.config}' not found; check the path")
-        return problems
+        return problems + self.out_problems()
+
+    def out_problems(self) -> list[str]:
+        """An --out that holds an experiment's results: the sweep's runs and results.csv would mix with
+        them, under a settings.json that no longer says what made them (the experiment refuses a
+        sweep's directory in turn, as files of unknown origin)."""
+        experiment = made_by(self.out)
+        if experiment is None:
+            return []
+        return [f"--out '{self.out}' holds the results of experiment {experiment} (its {SETTINGS_FILE} says so); a "
+                f"sweep would mix its runs and results.csv into them: use another --out"]
 
 
 @dataclass

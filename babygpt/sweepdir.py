@@ -130,10 +130,13 @@ class SweepDir:
         return os.path.join(self.root, BINDINGS, run.name + ".json")
 
     def _config_args(self, run: Run) -> list[str]:
-        """[CONFIG.py] --key=value ... : the run's settings, without where it runs."""
-        args = [run.config] if run.config else []
-        return args + self.base_args + [f"--{k}={_fmt(v)}" for k, v in run.overrides.items()] + \
-            [f"--seed={run.seed}"]
+        """[CONFIG.py] --key=value ... : the run's settings, without where it runs, each key once (train.py
+        refuses a key given twice): a later argument replaces an earlier one of its key, as an
+        experiment's --set replaces its tier's budget (the run's own keys and seed, last, replace both)."""
+        keyed = {}
+        for arg in [*self.base_args, *(f"--{k}={_fmt(v)}" for k, v in run.overrides.items()), f"--seed={run.seed}"]:
+            keyed[arg.partition("=")[0]] = arg
+        return ([run.config] if run.config else []) + list(keyed.values())
 
     # ------------------------------------------------------------- checks before any run starts
 

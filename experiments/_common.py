@@ -156,11 +156,20 @@ def claim(path: str, args, name: str, sweep=None) -> str:
     moved aside until the new ones are complete. Everything is checked first (the directory, the
     experiment's ``sweep``, the data), so a refused experiment changes nothing on disk."""
     out = OutputDir(path, settings(args, name), args.overwrite, getattr(args, "collect", False), defaults(args))
-    out.check()
-    if sweep is not None:
-        sweep.check(on_disk=not out.replace)
-        if getattr(args, "collect", False):  # the runs it reads first: nothing is written for a collect that cannot be
-            sweep.check_collectable()
+    problems = []
+    try:
+        out.check()
+    except BabyGPTError as e:
+        problems += e.problems
+    if sweep is not None:  # the runs' own settings (a bad --set) are named beside a refused --out, not hidden by it
+        try:
+            sweep.check(on_disk=not (out.replace or problems))
+        except BabyGPTError as e:
+            problems += e.problems
+    if problems:
+        raise BabyGPTError(*problems)
+    if sweep is not None and getattr(args, "collect", False):  # nothing is written for a collect that cannot be
+        sweep.check_collectable()
     if getattr(args, "data_dir", None):  # the data's problems show now, before --out is touched
         load_dataset(args.data_dir)
     return out.claim()

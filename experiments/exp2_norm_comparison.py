@@ -60,15 +60,15 @@ from _common import (EXP2_BUDGET, TUNED_FILE, config_path, floats, initial_loss,
                      lr_overrides, read_record, read_tuned)
 
 from babygpt.verdicts import ALPHA, EQUIVALENCE_MARGIN, MIN_PAIRS_FOR_VERDICT, compare_table, count_cell, \
-    floor_interval, leave_one_seed_out, loss_split, mean_interval, outcome_counts, pairs_of, split_sentence, \
-    tuning_loss, verdict_loss
+    floor_interval, leave_one_seed_out, loss_split, mean_interval, outcome_counts, pairs_of, reported_loss, \
+    split_sentence, tuning_loss, verdict_loss
 from babygpt.errors import BabyGPTError
 from babygpt.ngram import label, strongest
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, reference_lines, save, save_log_x
 from babygpt.rundir import write_json
 from babygpt.sequential import nominal_levels, sequential_verdicts
-from babygpt.stats import PairedTest, lr_sensitivity, pairs_for_difference, pairs_for_equivalence
+from babygpt.stats import PairedTest, clopper_pearson, lr_sensitivity, pairs_for_difference, pairs_for_equivalence
 from babygpt.sweep import Run, Sweep
 from babygpt.tuning import HALF_DECADE, MAX_EXTENSIONS, ranked, search_all, snap_half_decade
 
@@ -162,7 +162,7 @@ class Exp2Options(_common.TrainingOptions):
         except ValueError:
             return [f"--looks takes comma-separated whole numbers of seed pairs, e.g. 5,10,15, got {self.looks!r}"]
         problems = []
-        if looks[0] < MIN_PAIRS_FOR_VERDICT or any(b <= a for a, b in zip(looks, looks[1:])):
+        if not looks or looks[0] < MIN_PAIRS_FOR_VERDICT or any(b <= a for a, b in zip(looks, looks[1:])):
             problems.append(f"--looks must increase and start at {MIN_PAIRS_FOR_VERDICT} pairs or more (a verdict "
                             f"needs that many), got {self.looks}")
         if self.seeds is not None:
@@ -394,11 +394,21 @@ def sensitivities_over_one_grid(grids: dict, means: dict, initial: dict, trained
     return {n: sensitivity(grids[n], means[n], initial[n], n in trained) for n in means}
 
 
+# How the report treats runs that collapse or fail, and what the LR search does about them.
+FAILURES_RULE = ("*Collapsed or failed*: how many evaluation runs at the tuned LR collapsed, diverged or were skipped "
+                 "out, with the exact 95% interval of that rate (Clopper & Pearson 1934); *verdict on the runs that "
+                 "trained*: the verdict drawn again, the same way, over the pairs where both runs finished: how the "
+                 "configuration compares when it trains, beside how often it does. The LR search does not prefer a "
+                 "lower LR that never collapses: a collapsed tuning run counts at its own (near-unigram) loss in its "
+                 "LR's mean, a diverged one makes that mean infinite, and the LR of the lowest mean is tuned, so an LR "
+                 "where one tuning seed of two collapsed is tuned only if its mean is still the lowest.")
+
+
 def verdict_rule(k: int, margin: float, stated: float | None, unigram: float | None, looks: list | None = None) -> str:
     """The report's sentences on how the table's verdicts are drawn: what babygpt.verdicts does (or
     with --looks, babygpt.sequential)."""
     if looks:
-        return sequential_rule(k, margin, stated, looks)
+        return sequential_rule(k, margin, stated, looks) + " " + FAILURES_RULE
     over = "for the table's one comparison" if k == 1 else f"over the table's {k} comparisons together"
     given = " with --margin" if stated else ""
     failed = (f"A run that diverged or was skipped out counts at the data's unigram loss ({unigram:.4f} nats), as a "
@@ -417,7 +427,7 @@ def verdict_rule(k: int, margin: float, stated: float | None, unigram: float | N
             f"{failed}. *Leave-one-seed-out*: in how many of the tables drawn again with one evaluation seed "
             f"deleted (from every configuration) a better/worse verdict stays. *Robust*: whether the verdict stays "
             f"the same against the baseline at its runner-up LR, and with the configuration at its own (*not run*: "
-            f"those runs were not trained; --runner_up all trains them).")
+            f"those runs were not trained; --runner_up all trains them). {FAILURES_RULE}")
 
 
 def sequential_rule(k: int, margin: float, stated: float | None, looks: list) -> str:
@@ -510,7 +520,9 @@ def tuned_table(plan: Plan, outcome: Outcome, losses: dict, runner_up: dict, mar
     header = ["configuration", "parameters", "tuned LR", "runner-up LR", "LR sensitivity", "runs",
               "val loss, mean ± 95% CI", *([f"mean − {label(floor[0])} floor, scored as the runs ({floor[1]:.4f})"] if floor else []),
               f"paired Δ vs {base}, 95% CI", "Holm-step CI" if outcome.paths is None else "CI at the deciding look", "verdict", "pairs to decide", "leave-one-seed-out",
-              f"robust at runner-up LR ({base}'s / own)", "train time / run (s)"]
+              f"robust at runner-up LR ({base}'s / own)", "collapsed or failed, 95% CI",
+              "verdict on the runs that trained", "train time / run (s)"]
+    on_trained = trained_verdicts(plan, outcome, margin)
     table = []
     for name in plan.configs:
         rs = [outcome.rows[r.name] for r in outcome.seed_runs[name]]
@@ -530,9 +542,44 @@ def tuned_table(plan: Plan, outcome: Outcome, losses: dict, runner_up: dict, mar
                         if outcome.paths is not None else
                         [c.adjusted(), c.call(), c.to_decide(),
                          "stable in {} of {} deletions".format(*stable[name]) if name in stable else "—"]),
-                      robust_cell(c, again.get(name)),
+                      robust_cell(c, again.get(name)), failure_rate(rs), on_trained.get(name, "—"),
                       f"{statistics.fmean(r['wall_time_s'] or 0 for r in rs):.1f}" if rs else "—"])
     return _common.markdown_table(header, table)
+
+
+def failure_rate(rows: list) -> str:
+    """How many evaluation runs at the tuned LR collapsed, diverged or were skipped out, with the exact
+    95% interval of that rate: "1 of 7 (0.4%–58%)"."""
+    if not rows:
+        return "—"
+    k = sum(r["status"] != "finished" for r in rows)
+    lo, hi = clopper_pearson(k, len(rows))
+    return f"{k} of {len(rows)} ({percent(lo)}–{percent(hi)})"
+
+
+def percent(rate: float) -> str:
+    """0.0036 -> "0.4%", 0.5787 -> "58%", 1.0 -> "100%"."""
+    return f"{100 * rate:.1f}%" if 0 < 100 * rate < 9.95 else f"{100 * rate:.0f}%"
+
+
+def trained_verdicts(plan: Plan, outcome: Outcome, margin: float) -> dict:
+    """{name: its verdict against the baseline over the pairs where both runs finished}, drawn as the
+    table's own (Holm over the table, sequential over the looks with --looks), where some run did not
+    finish; "— (every run trained)" where none failed."""
+    rows = {name: [outcome.rows[r.name] for r in runs] for name, runs in outcome.seed_runs.items()}
+    if all(r["status"] == "finished" for rs in rows.values() for r in rs):
+        return {name: "— (every run trained)" for name in rows if name != plan.baseline}
+    losses = {name: [reported_loss(r) if r["status"] == "finished" else math.inf for r in rs]
+              for name, rs in rows.items()}
+    base = plan.baseline
+    if outcome.paths is None:
+        return {name: f"{c.call()} ({c.pairs} pairs)" for name, c in compare_table(losses, base, margin).items()}
+    paths = sequential_verdicts({name: pairs_of(losses[name], losses[base]) for name in losses if name != base},
+                                plan.looks, margin)
+    return {name: (f"{'equivalent within ±%.3f' % margin if path[-1].verdict == 'equivalent' else path[-1].verdict}"
+                   f" ({path[-1].pairs} pairs)" if path and path[-1].verdict else
+                   f"inconclusive ({path[-1].pairs if path else len(pairs_of(losses[name], losses[base]))} pairs)")
+            for name, path in paths.items()}
 
 
 def runner_up_verdicts(losses: dict, base: str, runner_up: dict, margin: float) -> dict:

@@ -42,8 +42,8 @@ OPTS = GPTConfig().norm_options()  # the model's defaults: the classes time what
 
 @dataclass
 class Exp5Options(_common.DataOptions):
-    compile_widths: Optional[str] = option(None, "widths to time under torch.compile, e.g. 128,1024; empty for "
-                                                 f"none (none: {','.join(map(str, COMPILE_WIDTHS))}; quick: empty)")
+    compile_widths: Optional[str] = option(None, "widths to time under torch.compile, e.g. 128,1024; off for "
+                                                 f"none (none: {','.join(map(str, COMPILE_WIDTHS))}; quick: off)")
     set: list[str] = option([], "override a training key of the end-to-end model, e.g. --set dtype=bfloat16",
                             metavar="KEY=VALUE")
 
@@ -53,17 +53,27 @@ class Exp5Options(_common.DataOptions):
     def compiled(self) -> list[int]:
         if self.compile_widths is None:
             return [] if self.quick else COMPILE_WIDTHS
+        if self.compile_widths == "off":
+            return []
         return [int(w) for w in self.compile_widths.split(",") if w.strip()]
 
     def problems(self) -> list[str]:
-        given = [w.strip() for w in (self.compile_widths or "").split(",") if w.strip()]
+        given = [w.strip() for w in (self.compile_widths or "").split(",") if w.strip() and self.compile_widths != "off"]
         if not all(w.isdigit() for w in given) or not set(self.compiled()) <= set(self.widths()):
-            return [f"--compile_widths must be among the measured widths {self.widths()}, got {self.compile_widths}"]
+            return [f"--compile_widths must be among the measured widths {self.widths()}, or off, got "
+                    f"{self.compile_widths}"]
+        compared = [s for s in self.set if s.partition("=")[0] == "norm_type"]
+        if compared:
+            return [f"--set {compared[0]}: experiment 5 times every norm_type in turn, so a --set of it would be "
+                    f"overridden; leave it out"]
         try:
             load_config([f"--{s}" for s in self.set])  # a bad --set fails now, not after the timings
         except BabyGPTError as e:
             return e.problems
         return []
+
+    def set_keys(self) -> "set[str]":  # (quoted: the class body has a field named set)
+        return {s.partition("=")[0] for s in self.set}
 
 
 def implementations() -> dict:
@@ -127,10 +137,11 @@ def end_to_end(args) -> list[dict]:
     second time in reverse order, so that a slow spell of a shared machine does not land on one
     norm only; ms/iter is the median over the windows of both."""
     shape = ("n_layer", "n_head", "n_embd", "block_size", "batch_size")
-    quick = [f"--{k}={_common.QUICK_BUDGET[k]}" for k in shape] if args.quick else []
+    # the quick shape, less the keys --set gives (train.py takes each key once)
+    quick = [f"--{k}={_common.QUICK_BUDGET[k]}" for k in shape if k not in args.set_keys()] if args.quick else []
     windows, window_iters = (2, 2) if args.quick else (5, 10)
     rows, trainers = {}, {}
-    for name in NORMS:  # the norm comes last: a --set cannot override what is compared
+    for name in NORMS:  # (--set norm_type is refused: it would be overridden here)
         argv = [f"--data_dir={args.data_dir}", *quick, *[f"--{s}" for s in args.set], f"--norm_type={name}"]
         try:
             cfg = load_config(argv)

@@ -91,6 +91,23 @@ TINY_TRAIN_ARGS = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=16"
 SMALL_CORPUS = "".join(f"{i}: To be, or not to be, that is the question.\n" for i in range(600))
 
 
+def once(*args: str) -> list[str]:
+    """Command-line arguments with each ``--key`` given once: a later ``--key=value`` replaces an
+    earlier one in its place (train.py refuses a key given twice), e.g. once(*TINY_TRAIN_ARGS,
+    "--max_iters=3"). Arguments that are not ``--key=value`` are kept as they are."""
+    last = {arg.partition("=")[0]: arg for arg in args if arg.startswith("--") and "=" in arg}
+    out, seen = [], set()
+    for arg in args:
+        key = arg.partition("=")[0]
+        if key in last:
+            if key not in seen:
+                out.append(last[key])
+                seen.add(key)
+        else:
+            out.append(arg)
+    return out
+
+
 def prepare_small_data(directory) -> str:
     """Prepare SMALL_CORPUS into ``directory``/data; return that data_dir."""
     from babygpt.data import prepare

@@ -85,6 +85,13 @@ def check(main, argv, capsys, root, *fragments):
 
 TRAIN = ["--data_dir=data", "--out_dir=new", *TINY_TRAIN_ARGS, "--max_iters=10"]
 
+
+def train_args(*extra) -> list[str]:
+    """TRAIN with ``extra`` in place of TRAIN's own values of the keys it sets (train.py refuses a key
+    given twice)."""
+    keys = {arg.partition("=")[0] for arg in extra}
+    return [arg for arg in TRAIN if arg.partition("=")[0] not in keys] + list(extra)
+
 TRAIN_CASES = {
     "unknown_key": (["--learnig_rate=1e-3"], ["unknown config key 'learnig_rate'", "did you mean"]),
     "wrong_type": (["--batch_size=eight"], ["batch_size must be an integer"]),
@@ -104,10 +111,11 @@ TRAIN_CASES = {
                                   ["different architecture", "n_embd=32 there, 64 here"]),
     "out_dir_is_a_file": (["--out_dir=data/meta.json"], ["is a file, not a directory"]),
     "scratch_over_existing_run": (["--out_dir=out"], ["already holds a run"]),
-    "empty_out_dir": (["--out_dir="], ["out_dir is empty"]),
+    "empty_out_dir": (["--out_dir="], ["--out_dir was given an empty value"]),
     "out_dir_inside_a_file": (["--out_dir=data/meta.json/run"], ["cannot be created", "is a file"]),
     "data_dir_is_a_file": (["--data_dir=data/meta.json"], ["data_dir 'data/meta.json' is a file"]),
     "seed_out_of_range": (["--seed=-1"], ["seed must be in [0, 2**32)"]),
+    "key_given_twice": (["--seed=1", "--seed=2"], ["--seed is given 2 times ('1', '2'); give it once"]),
     # Values that would overflow in the optimizer or in a tensor size, refused before training.
     "infinite_learning_rate": (["--learning_rate=inf"], ["learning_rate must be a finite number"]),
     "absurd_learning_rate": (["--learning_rate=1e38"], ["learning_rate must be in (0, 1000]", "overflow"]),
@@ -125,7 +133,7 @@ TRAIN_CASES = {
 @pytest.mark.parametrize("case", TRAIN_CASES)
 def test_train_bad_input(case, ws, capsys):
     argv, fragments = TRAIN_CASES[case]
-    check(cli.train_main, TRAIN + argv, capsys, ws, *fragments)
+    check(cli.train_main, train_args(*argv), capsys, ws, *fragments)
 
 
 def test_train_config_file_with_syntax_error(ws, capsys):
@@ -164,7 +172,7 @@ def test_train_config_file_is_a_directory(ws, capsys):
 
 def test_train_resume_with_damaged_config_json(ws, capsys):
     (ws / "out" / "config.json").write_text('{"config": {"n_layer": 2}')  # cut short
-    check(cli.train_main, [*TRAIN, "--out_dir=out", "--init_from=resume", "--max_iters=20"], capsys, ws,
+    check(cli.train_main, train_args("--out_dir=out", "--init_from=resume", "--max_iters=20"), capsys, ws,
           "config.json is not a readable JSON object", "damaged")
 
 
@@ -175,7 +183,7 @@ def test_train_resume_with_damaged_metrics_row(damage, ws, capsys):
     path = ws / "out" / "metrics.jsonl"
     lines = path.read_text().splitlines(keepends=True)
     path.write_text("".join(lines[:1] + [damage] + lines[1:]))
-    check(cli.train_main, [*TRAIN, "--out_dir=out", "--init_from=resume", "--max_iters=20"], capsys, ws,
+    check(cli.train_main, train_args("--out_dir=out", "--init_from=resume", "--max_iters=20"), capsys, ws,
           "metrics.jsonl line 2 is not a metrics row")
 
 
@@ -185,7 +193,7 @@ def test_train_read_only_out_dir(ws, capsys, monkeypatch):
     real_access = os.access
     monkeypatch.setattr(os, "access", lambda p, mode, **kw: (not os.path.abspath(p).endswith("locked")
                                                               and real_access(p, mode, **kw)))
-    check(cli.train_main, [*TRAIN, "--out_dir=locked/run"], capsys, ws, "is not writable", "choose another --out_dir")
+    check(cli.train_main, train_args("--out_dir=locked/run"), capsys, ws, "is not writable", "choose another --out_dir")
 
 
 def test_train_read_only_unprepared_data_dir(ws, capsys, monkeypatch):
@@ -199,7 +207,7 @@ def test_train_read_only_unprepared_data_dir(ws, capsys, monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_train_cuda_without_gpu(ws, capsys):
-    check(cli.train_main, TRAIN + ["--device=cuda"], capsys, ws, "no CUDA GPU is available")
+    check(cli.train_main, train_args("--device=cuda"), capsys, ws, "no CUDA GPU is available")
 
 
 def test_train_missing_data_without_network(ws, capsys):
@@ -232,13 +240,13 @@ def test_train_foreign_meta_json(ws, capsys):
 def test_train_scratch_over_a_run_without_ckpt(ws, capsys):
     """A run whose ckpt.pt was deleted still has best.pt and summary.json: not overwritten."""
     os.remove(ws / "out" / "ckpt.pt")
-    check(cli.train_main, [*TRAIN, "--out_dir=out"], capsys, ws, "already holds a run")
+    check(cli.train_main, train_args("--out_dir=out"), capsys, ws, "already holds a run")
 
 
 def test_train_resume_corrupt_checkpoint(ws, capsys):
     path = ws / "out" / "ckpt.pt"
     path.write_bytes(path.read_bytes()[:5000])
-    check(cli.train_main, [*TRAIN, "--out_dir=out", "--init_from=resume", "--max_iters=20"], capsys, ws,
+    check(cli.train_main, train_args("--out_dir=out", "--init_from=resume", "--max_iters=20"), capsys, ws,
           "not a readable checkpoint", "truncated or corrupt")
 
 
@@ -279,7 +287,7 @@ def test_sample_non_babygpt_checkpoint(ws, capsys):
 
 
 def test_debug_flag_shows_traceback(ws, capsys):
-    assert cli.run(cli.train_main, TRAIN + ["--n_layer=0", "--debug"]) == 2
+    assert cli.run(cli.train_main, train_args("--n_layer=0", "--debug")) == 2
     err = capsys.readouterr().err
     assert "Traceback" in err and "error: n_layer must be a positive integer" in err
 
@@ -319,7 +327,7 @@ def test_plot_damaged_summary(ws, capsys):
 def test_bench_bad_output_path(argv, fragment, ws, capsys):
     from babygpt import bench
 
-    check(bench.main, [*TRAIN, *argv], capsys, ws, fragment)
+    check(bench.main, train_args(*argv), capsys, ws, fragment)
 
 
 DAMAGED_CHECKPOINTS = {  # field -> a value a damaged (or hand-edited) checkpoint might hold
@@ -345,19 +353,19 @@ def test_train_resume_from_a_checkpoint_with_damaged_fields(case, ws, capsys):
         node = node[key]
     node[keys[-1]] = value
     torch.save(ckpt, ws / "out" / "ckpt.pt")
-    check(cli.train_main, [*TRAIN, "--out_dir=out", "--init_from=resume", "--max_iters=20"], capsys, ws, "damaged")
+    check(cli.train_main, train_args("--out_dir=out", "--init_from=resume", "--max_iters=20"), capsys, ws, "damaged")
 
 
 @pytest.mark.parametrize("record", ['{"config": 5}', '{"config": {}, "resumes": 5}', "[" * 100000])
 def test_train_resume_with_malformed_config_json(record, ws, capsys):
     (ws / "out" / "config.json").write_text(record)
-    check(cli.train_main, [*TRAIN, "--out_dir=out", "--init_from=resume", "--max_iters=20"], capsys, ws, "damaged")
+    check(cli.train_main, train_args("--out_dir=out", "--init_from=resume", "--max_iters=20"), capsys, ws, "damaged")
 
 
 def test_train_resume_with_absurdly_nested_metrics(ws, capsys):
     with open(ws / "out" / "metrics.jsonl", "a") as f:
         f.write("[" * 100000 + "\n" + '{"iter": 10}\n')
-    check(cli.train_main, [*TRAIN, "--out_dir=out", "--init_from=resume", "--max_iters=20"], capsys, ws,
+    check(cli.train_main, train_args("--out_dir=out", "--init_from=resume", "--max_iters=20"), capsys, ws,
           "is not a metrics row")
 
 
@@ -368,12 +376,12 @@ def test_train_resume_with_absurdly_nested_metrics(ws, capsys):
 def test_train_out_dir_through_a_broken_symlink(make, fragment, ws, capsys):
     make()
     target = "loop_a/run" if "loop" in fragment else "dangling"
-    check(cli.train_main, [*TRAIN, f"--out_dir={target}"], capsys, ws, fragment)
+    check(cli.train_main, train_args(f"--out_dir={target}"), capsys, ws, fragment)
 
 
 def test_train_out_dir_with_a_nul_byte_or_too_long_in_total(ws, capsys):
-    check(cli.train_main, [*TRAIN, "--out_dir=out/a\0b"], capsys, ws, "contains a NUL byte")
-    check(cli.train_main, [*TRAIN, "--out_dir=" + "/".join(["a" * 250] * 20)], capsys, ws,
+    check(cli.train_main, train_args("--out_dir=out/a\0b"), capsys, ws, "contains a NUL byte")
+    check(cli.train_main, train_args("--out_dir=" + "/".join(["a" * 250] * 20)), capsys, ws,
           "longer than the filesystem's limit")
 
 
@@ -839,6 +847,27 @@ def test_exp2_refuses_a_malformed_lr_list(lrs, fragment):
     from exp2_norm_comparison import Exp2Options
 
     assert any(fragment in p for p in Exp2Options(quick=True, lrs=lrs).problems())
+
+
+def test_an_experiment_names_a_bad_set_even_where_its_out_holds_other_results(ws, capsys):
+    """The bad --set is the real problem: reported (every one of them), not hidden behind "made with
+    other settings", which it would only cause."""
+    import exp7_lr_sensitivity as exp7
+
+    os.makedirs("exp7")
+    (ws / "exp7" / "settings.json").write_text(json.dumps({"experiment": "exp7_lr_sensitivity", "quick": True,
+                                                           "set": ["max_iters=5"]}))
+    before = snapshot(ws)
+    code = cli.run(exp7.main, ["--quick", "--out=exp7", "--set", "max_iter=3", "--set", "dropout=x"])
+    assert_user_error(capsys.readouterr().err, code,
+                      "--set max_iter=3: unknown config key 'max_iter' (did you mean 'max_iters'?)",
+                      "--set dropout=x: dropout must be a finite number, got 'x'")
+    assert snapshot(ws) == before
+    # a --set of the right type but a value no run accepts: named beside the refused --out
+    code = cli.run(exp7.main, ["--quick", "--out=exp7", "--set", "warmup_iters=-1"])
+    err = capsys.readouterr().err
+    assert_user_error(err, code, "warmup_iters must be >= 0, got -1", "exp7 was made with other settings")
+    assert snapshot(ws) == before
 
 
 # ============================================================ switches that the norm type makes meaningless

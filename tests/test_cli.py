@@ -11,7 +11,7 @@ import torch
 
 from babygpt import cli
 from babygpt.config import TrainConfig, load_config
-from conftest import ROOT, TINY_TRAIN_ARGS as TINY, prepare_small_data, run_script
+from conftest import ROOT, TINY_TRAIN_ARGS as TINY, once, prepare_small_data, run_script
 from conftest import assert_user_error as conftest_assert_user_error
 
 # The end-to-end tests run the scripts as processes: each is marked slow.
@@ -199,11 +199,11 @@ def test_a_resumed_run_says_where_it_resumes_and_which_settings_it_changes(tiny_
 
     out, argv = tiny_run
     assert resume_changes(RunDir(str(out)), load_config([*argv, "--init_from=resume"])) is None
-    assert cli.run(cli.train_main, [*argv, "--max_iters=20", "--init_from=resume"]) == 0
+    assert cli.run(cli.train_main, once(*argv, "--max_iters=20", "--init_from=resume")) == 0
     captured = capsys.readouterr()
     assert f"resuming from iteration 10 of 20 ({out}/ckpt.pt)" in captured.out
     assert "changes settings from the run's last start: max_iters 10 -> 20;" in captured.err
     lr = TrainConfig().learning_rate  # the run started at the default: a default changed since reads the same
-    assert cli.run(cli.train_main, [*argv, "--max_iters=30", f"--learning_rate={lr / 2}", "--init_from=resume"]) == 0
+    assert cli.run(cli.train_main, once(*argv, "--max_iters=30", f"--learning_rate={lr / 2}", "--init_from=resume")) == 0
     warning = [line for line in capsys.readouterr().err.splitlines() if "changes settings" in line]
     assert len(warning) == 1 and f"learning_rate {lr!r} -> {lr / 2!r}, max_iters 20 -> 30;" in warning[0]

@@ -20,7 +20,7 @@ from babygpt.files import write_atomic
 from babygpt.rundir import RunDir, RunLock, owned
 from babygpt.sweep import MAX_NAME, Run, Sweep
 from babygpt.trainer import train
-from conftest import ROOT, TINY_TRAIN_ARGS, assert_refused_in_process, prepare_small_data
+from conftest import ROOT, TINY_TRAIN_ARGS, assert_refused_in_process, once, prepare_small_data
 
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import _common  # noqa: E402
@@ -51,8 +51,8 @@ def wait_until(condition, proc, what, timeout=120):
 
 
 def train_argv(data_dir, out_dir, *extra):
-    return [sys.executable, os.path.join(ROOT, "train.py"), f"--data_dir={data_dir}", f"--out_dir={out_dir}",
-            *TINY_TRAIN_ARGS, *extra]
+    return once(sys.executable, os.path.join(ROOT, "train.py"), f"--data_dir={data_dir}", f"--out_dir={out_dir}",
+            *TINY_TRAIN_ARGS, *extra)
 
 
 # ------------------------------------------------------------------ one owner per run directory
@@ -156,7 +156,7 @@ def test_two_runs_started_together_never_share_a_directory(data_dir, tmp_path):
 
 def test_noop_resume_of_a_finished_run_changes_nothing(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
-    argv = [f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=10"]
+    argv = once(f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=10")
     assert cli.run(cli.train_main, argv) == 0
     before = files_of(out)
     mtimes = {p: os.stat(p).st_mtime_ns for p in before}
@@ -168,7 +168,7 @@ def test_noop_resume_of_a_finished_run_changes_nothing(data_dir, tmp_path, capsy
 # ------------------------------------------------------------------ sweeps own their children
 
 def sweep_args(data_dir, *extra):
-    return [*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", "--eval_interval=5", "--lr_decay_iters=1000", *extra]
+    return once(*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", "--eval_interval=5", "--lr_decay_iters=1000", *extra)
 
 
 def test_sweep_checks_every_run_before_starting_any(data_dir, tmp_path):
@@ -485,7 +485,7 @@ def test_full_disk_mid_run_is_one_error_line_and_the_run_stays_resumable(data_di
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_replace(src, dst)
     monkeypatch.setattr(os, "replace", replace)
-    argv = [f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=30"]
+    argv = once(f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=30")
     assert_refused_in_process(cli.train_main, argv, capsys, "No space left on device", "free some disk space",
                               "ckpt.pt is unchanged")
     monkeypatch.setattr(os, "replace", real_replace)
@@ -537,7 +537,7 @@ def test_memory_check_uses_this_machine(monkeypatch):
 def test_run_directory_errors_leave_nothing_behind(data_dir, tmp_path):
     out = tmp_path / "run"
     with pytest.raises(BabyGPTError, match="longer than the filesystem's limit"):
-        train(load_config([f"--data_dir={data_dir}", f"--out_dir={out / ('y' * 300)}", *TINY_TRAIN_ARGS]))
+        train(load_config(once(f"--data_dir={data_dir}", f"--out_dir={out / ('y' * 300)}", *TINY_TRAIN_ARGS)))
     assert not os.path.exists(out)
     assert RunDir(str(out)).metrics_rows() == []
 

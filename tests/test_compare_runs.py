@@ -8,18 +8,19 @@ import re
 import pytest
 
 from babygpt import cli
-from babygpt.compare_runs import NO_VERDICT, main
+from babygpt.compare_runs import NO_VERDICT, CompareOptions, main
 from babygpt.config import load_config
+from babygpt.options import options_of
 from babygpt.trainer import train
-from conftest import TINY_TRAIN_ARGS, assert_user_error, prepare_small_data
+from conftest import TINY_TRAIN_ARGS, assert_refused_in_process, assert_user_error, once, prepare_small_data
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("compare")
     data_dir = prepare_small_data(root)
     for name, norm in (("a", "rmsnorm"), ("b", "layernorm")):
-        train(load_config([f"--data_dir={data_dir}", f"--out_dir={root / name}", *TINY_TRAIN_ARGS,
-                           "--max_iters=10", f"--norm_type={norm}"]))
+        train(load_config(once(f"--data_dir={data_dir}", f"--out_dir={root / name}", *TINY_TRAIN_ARGS,
+                           "--max_iters=10", f"--norm_type={norm}")))
     return root
 
 
@@ -91,18 +92,84 @@ def fake_run(directory, config=None, summary=None, rows=None, **info):
     return str(directory)
 
 
-@pytest.mark.parametrize("info, summary, fragment", [
-    ({"resumes": {"iter": 5}}, {}, "config.json is damaged (its resumes is dict, not a list of starts)"),
-    ({"resumes": 3}, {}, "config.json is damaged (its resumes is int, not a list of starts)"),
-    ({"num_params": "many"}, {}, "config.json is damaged (its num_params is 'many', not a whole number)"),
-    ({}, {"references": "kn8"}, "summary.json is damaged (its references is 'kn8', not a table of n-gram losses)"),
-    ({}, {"references": {"unigram": 3.3, "kn8": "low"}}, "summary.json is damaged (its references is"),
+@pytest.mark.parametrize("damage, fragment", [
+    ({"resumes": {"iter": 5}}, "config.json is damaged (its resumes is dict, not a list of starts)"),
+    ({"resumes": 3}, "config.json is damaged (its resumes is int, not a list of starts)"),
+    ({"num_params": "many"}, "config.json is damaged (its num_params is 'many', not a whole number)"),
+    ({"format": 99}, "config.json is damaged (its format 99 is none this code reads"),
+    ({"config": {"n_layer": "six"}}, "config.json is damaged (n_layer must be an integer, got 'six')"),
+    ({"config": {"norm_type": "nonorm"}}, "config.json is damaged (unknown norm_type 'nonorm'; choose one of:"),
+    ({"summary": {"references": "kn8"}}, "summary.json is damaged (its references is 'kn8', not a table of n-gram "
+                                         "losses)"),
+    ({"summary": {"references": {"unigram": 3.3, "kn8": "low"}}}, "summary.json is damaged (its references is"),
+    ({"summary": {"wall_time_s": -5.0}}, "summary.json is damaged (its wall_time_s is -5.0, not a finite number >= 0"),
+    ({"summary": {"status": "diverged", "diverged_at": 5, "best_val_loss": "Infinity"}},
+     "summary.json is damaged (its best_val_loss is 'Infinity', not a finite number >= 0"),
+    ({"rows": [{"iter": 0, "loss": "Infinity"}]}, "metrics.jsonl is damaged (its row at iter 0 has loss 'Infinity', "
+                                                  "not a number"),
+    ({"rows": [{"iter": 0, "resid_rms": [1.0, "x"]}]}, "metrics.jsonl is damaged (its row at iter 0 has resid_rms"),
 ])
-def test_record_fields_of_the_wrong_type_are_refused_by_name(tmp_path, capsys, info, summary, fragment):
+def test_record_fields_of_the_wrong_type_are_refused_by_name(tmp_path, capsys, damage, fragment):
     good = fake_run(tmp_path / "good")
-    bad = fake_run(tmp_path / "bad", summary=summary, **info)
-    code = cli.run(main, [good, bad])
-    assert_user_error(capsys.readouterr().err, code, fragment, str(tmp_path / "bad"))
+    bad = fake_run(tmp_path / "bad", **damage)
+    err = assert_refused_in_process(main, [good, bad], capsys, fragment, str(tmp_path / "bad"))
+    assert len(err.splitlines()) == 1
+
+
+def stored_sweep(root, *names, **damage):
+    """A sweep directory whose runs.jsonl holds a run per name (made as fake_run makes them); the last
+    one's record changed by ``damage`` (fake_run's arguments)."""
+    from babygpt.runstore import RunStore, pack
+
+    store = RunStore(str(root))
+    for i, name in enumerate(names):
+        run = fake_run(root / "made" / name, **(damage if i == len(names) - 1 else {}))
+        record = pack(run)
+        with open(store.path, "a", encoding="utf-8") as f:  # (not store.add, which refuses a damaged record)
+            f.write(json.dumps(record) + "\n")
+    return str(root)
+
+
+@pytest.mark.parametrize("damage, fragment", [
+    ({"config": {"n_layer": "six"}}, "line 2 is damaged (b's config.json: n_layer must be an integer, got 'six')"),
+    ({"summary": {"wall_time_s": -1}}, "line 2 is damaged (b's summary.json: its wall_time_s is -1, not a finite "
+                                       "number >= 0"),
+    ({"rows": [{"iter": 0, "loss": "Infinity"}]}, "line 2 is damaged (b's metrics.jsonl: its row at iter 0 has loss "
+                                                  "'Infinity', not a number"),
+])
+def test_a_stored_run_with_a_field_of_the_wrong_type_is_refused_by_its_line(tmp_path, capsys, damage, fragment):
+    sweep = stored_sweep(tmp_path / "sw", "a", "b", **damage)
+    assert_refused_in_process(main, [sweep], capsys, os.path.join(sweep, "runs.jsonl"), fragment)
+
+
+@pytest.mark.parametrize("name", [o.name for o in options_of(CompareOptions).values() if not o.positional])
+def test_an_empty_option_value_is_refused_not_read_as_absent(tmp_path, capsys, name):
+    runs = [fake_run(tmp_path / "a"), fake_run(tmp_path / "b")]
+    err = assert_refused_in_process(main, [*runs, f"--{name}="], capsys, f"--{name} ", "empty")
+    assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("twice", [["--plot={x}", "--plot={y}"], ["--plot", "{x}", "--plot={x}"]])
+def test_an_option_given_twice_is_refused_by_name(tmp_path, capsys, twice):
+    runs = [fake_run(tmp_path / "a"), fake_run(tmp_path / "b")]
+    images = {"x": tmp_path / "x.png", "y": tmp_path / "y.png"}
+    argv = [*runs, *(arg.format(**images) for arg in twice)]
+    assert_refused_in_process(main, argv, capsys, "--plot is given 2 times", "give it once")
+    assert not any(image.exists() for image in images.values())
+
+
+@pytest.mark.parametrize("again", [
+    lambda tmp: [str(tmp / "a"), str(tmp / "a")],
+    lambda tmp: [str(tmp / "a"), str(tmp / "b"), str(tmp / "a") + "/"],
+    lambda tmp: [str(tmp / "a"), str(tmp / "b" / ".." / "a")],
+    lambda tmp: [str(tmp / "sw"), str(tmp / "sw" / "runs" / "s")],
+], ids=["the same path", "with a slash", "another spelling", "through its sweep"])
+def test_a_run_given_twice_is_refused_by_name(tmp_path, capsys, again):
+    fake_run(tmp_path / "a")
+    fake_run(tmp_path / "b")
+    stored_sweep(tmp_path / "sw", "s", "t")
+    err = assert_refused_in_process(main, again(tmp_path), capsys, "is named twice", "pass each run once")
+    assert len(err.splitlines()) == 1 and ("/a'" in err or "/sw/runs/s'" in err)
 
 
 def test_null_references_are_a_run_without_floors(tmp_path, capsys):
@@ -112,8 +179,8 @@ def test_null_references_are_a_run_without_floors(tmp_path, capsys):
 
 
 def test_a_path_or_value_with_a_pipe_or_line_break_keeps_the_table_whole(tmp_path, capsys):
-    a = fake_run(tmp_path / "a|b", config={"init": "x|y"})
-    b = fake_run(tmp_path / "c\nd", config={"init": "z"})
+    a = fake_run(tmp_path / "a|b", config={"data_dir": "x|y"})  # (a text key: any value is valid)
+    b = fake_run(tmp_path / "c\nd", config={"data_dir": "z"})
     assert cli.run(main, [a, b]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     assert len(lines) == 3 and len({len(re.split(r"(?<!\\)\|", line)) for line in lines}) == 1  # as many cells

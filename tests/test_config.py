@@ -302,3 +302,23 @@ def test_dtype_auto_is_float32_on_cpu_and_recorded(tmp_path):
     assert not (tmp_path / "r").exists()  # building a Trainer writes nothing; train() does
     trainer.train()
     assert json.load(open(tmp_path / "r" / "config.json"))["config"]["dtype"] == "float32"
+
+
+def test_a_key_given_twice_on_the_command_line_is_refused_by_name(tmp_path):
+    """Of two values for one key the last would silently win, whatever the user meant by the first;
+    a config file's value under a --key is the usual override and stays allowed."""
+    problems = problems_of(["--n_layer=2", "--max_iters", "5", "--n_layer=4", "--compile", "--compile=false",
+                            "--max_iters=5", "--n_layer=2"])
+    assert problems == ["--n_layer is given 3 times ('2', '4', '2'); give it once",
+                        "--max_iters is given 2 times ('5', '5'); give it once",
+                        "--compile is given 2 times ('true', 'false'); give it once"]
+    assert load_config([write(tmp_path, "n_layer = 2\n"), "--n_layer=4"]).model.n_layer == 4
+
+
+@pytest.mark.parametrize("key", FIELDS)
+def test_an_empty_value_is_refused_for_every_kind_of_key(key):
+    """``--key=`` (or ``--key ""``) is a value forgotten, not a value: read as an empty string or as
+    none it would quietly mean something else (an out_dir of the current directory, a default)."""
+    for argv in ([f"--{key}="], [f"--{key}", ""]):
+        assert problems_of(argv) == [f"--{key} was given an empty value ''; give it a value, or leave it out for "
+                                     f"its default"], argv

@@ -12,7 +12,7 @@ from babygpt.diagnostics import KEYS, SIGNED, LayerDiagnostics, angular_distance
 from babygpt.model import GPT
 from babygpt.plot import main as plot_main
 from babygpt.trainer import train
-from conftest import TINY_TRAIN_ARGS, assert_user_error, prepare_small_data, tiny_config
+from conftest import TINY_TRAIN_ARGS, assert_user_error, once, prepare_small_data, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def test_grad_norm_and_update_ratio_match_manual_values():
 
 
 def test_diagnostics_rows_shapes_and_no_effect_on_training(data_dir, tmp_path):
-    common = [f"--data_dir={data_dir}", *TINY_TRAIN_ARGS, "--max_iters=12", "--log_interval=1", "--dropout=0.1"]
+    common = once(f"--data_dir={data_dir}", *TINY_TRAIN_ARGS, "--max_iters=12", "--log_interval=1", "--dropout=0.1")
     train(load_config([*common, f"--out_dir={tmp_path / 'off'}"]))
     train(load_config([*common, f"--out_dir={tmp_path / 'on'}", "--diag_interval=4"]))
     off, on = rows(tmp_path / "off"), rows(tmp_path / "on")
@@ -119,7 +119,7 @@ def test_diagnostics_rows_shapes_and_no_effect_on_training(data_dir, tmp_path):
 
 
 def test_plot_diag_draws_and_refuses_runs_without_diagnostics(data_dir, tmp_path, capsys):
-    common = [f"--data_dir={data_dir}", *TINY_TRAIN_ARGS, "--max_iters=10"]
+    common = once(f"--data_dir={data_dir}", *TINY_TRAIN_ARGS, "--max_iters=10")
     train(load_config([*common, f"--out_dir={tmp_path / 'on'}", "--diag_interval=2"]))
     assert plot_main([str(tmp_path / "on"), "--diag", "--at=2,10", f"--out={tmp_path / 'd.png'}"]) == 0
     assert (tmp_path / "d.png").stat().st_size > 10_000

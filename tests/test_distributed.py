@@ -21,14 +21,14 @@ from babygpt.model import GPT
 from babygpt.optim import build_optimizer
 from babygpt.state import COMPLETED
 from babygpt.trainer import lr_at
-from conftest import ROOT, TINY_TRAIN_ARGS, assert_refused_in_process, prepare_small_data
+from conftest import ROOT, TINY_TRAIN_ARGS, assert_refused_in_process, once, prepare_small_data
 
 pytestmark = [pytest.mark.slow,  # every test here starts processes
               pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")]
 
 ITERS = 8
-ARGS = [*TINY_TRAIN_ARGS, "--log_interval=1", "--eval_interval=4", f"--lr_decay_iters={ITERS}",
-        "--learning_rate=3e-3", "--min_lr=3e-4"]
+ARGS = once(*TINY_TRAIN_ARGS, "--log_interval=1", "--eval_interval=4", f"--lr_decay_iters={ITERS}",
+            "--learning_rate=3e-3", "--min_lr=3e-4")
 
 
 def torchrun(script, *args, cwd):
@@ -157,8 +157,8 @@ def test_resume_with_another_number_of_processes_is_refused(ddp_run, tmp_path, c
 def test_malformed_torchrun_environment_is_a_one_line_error(tmp_path):
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2"}
     env.pop("LOCAL_RANK", None)
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *TINY_TRAIN_ARGS,
-                           f"--out_dir={tmp_path / 'run'}", "--data_dir=nowhere"], cwd=tmp_path,
+    proc = subprocess.run(once(sys.executable, os.path.join(ROOT, "train.py"), *TINY_TRAIN_ARGS,
+                           f"--out_dir={tmp_path / 'run'}", "--data_dir=nowhere"), cwd=tmp_path,
                           capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "LOCAL_RANK not" in proc.stderr and "torchrun" in proc.stderr

@@ -103,11 +103,11 @@ def test_a_finished_run_reports_both_parts_of_the_split_with_floors_on_the_same_
     from babygpt.data import load_dataset
     from babygpt.sampling import load_model
     from babygpt.trainer import train
-    from conftest import TINY_TRAIN_ARGS, prepare_small_data
+    from conftest import TINY_TRAIN_ARGS, once, prepare_small_data
 
     data = prepare_small_data(tmp_path)
-    cfg = load_config([f"--data_dir={data}", *TINY_TRAIN_ARGS, "--max_iters=20", "--dtype=float32",
-                      f"--out_dir={tmp_path / 'run'}"])
+    cfg = load_config(once(f"--data_dir={data}", *TINY_TRAIN_ARGS, "--max_iters=20", "--dtype=float32",
+                      f"--out_dir={tmp_path / 'run'}"))
     summary = train(cfg)
     train_ids, val, tok = load_dataset(str(data))
     tune, test = tune_and_test(val)

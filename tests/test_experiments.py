@@ -13,7 +13,7 @@ import torch
 
 from babygpt.errors import BabyGPTError
 from babygpt.sweep import DONE
-from conftest import ROOT, TINY_TRAIN_ARGS, assert_refused_in_process, prepare_small_data, run_script
+from conftest import ROOT, TINY_TRAIN_ARGS, assert_refused_in_process, once, prepare_small_data, run_script
 
 BASE = [a for a in TINY_TRAIN_ARGS if not a.startswith("--device")]
 
@@ -646,7 +646,10 @@ def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr
     # Without the default tier's record --full is refused before anything is written (in this process).
     monkeypatch.chdir(tmp_path)
     assert_refused_in_process(exp2.main, ["--full", "--out=full2", "--tuned_from=nowhere", f"--data_dir={data_dir}"],
-                              capsys, "run the default tier first")
+                              capsys, "--tuned_from names 'nowhere', which is not a directory")
+    (tmp_path / "empty").mkdir()
+    assert_refused_in_process(exp2.main, ["--full", "--out=full2", "--tuned_from=empty", f"--data_dir={data_dir}"],
+                              capsys, "no tuned_lrs.json in 'empty'; run the default tier first")
     assert not (tmp_path / "full2").exists()
 
 
@@ -688,7 +691,14 @@ def test_exp5_norm_speed_rejects_unmeasured_compile_width(tmp_path, monkeypatch,
     monkeypatch.chdir(tmp_path)
     assert_refused_in_process(exp5_norm_speed.main, ["--quick", "--compile_widths=100"], capsys,
                               "--compile_widths must be among")
+    assert_refused_in_process(exp5_norm_speed.main, ["--quick", "--set", "norm_type=dyt"], capsys,
+                              "--set norm_type=dyt: experiment 5 times every norm_type in turn")
     assert not (tmp_path / "results").exists()
+    import _common
+
+    args = _common.parse(exp5_norm_speed.Exp5Options, ["--quick", "--compile_widths=off", "--set", "n_layer=3"],
+                         "exp5", "doc")
+    assert args.compiled() == [] and args.set_keys() == {"n_layer"}
 
 
 def test_exp6_counts_block_0_from_the_records_as_the_checkpoint_holds_it(data_dir, tmp_path, monkeypatch):
@@ -702,8 +712,8 @@ def test_exp6_counts_block_0_from_the_records_as_the_checkpoint_holds_it(data_di
 
     for bias in (True, False):
         out = tmp_path / f"bias{bias}"
-        train(load_config([f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=2",
-                           "--norm_placement=post", "--norm_type=layernorm", f"--bias={bias}", "--n_layer=3"]))
+        train(load_config(once(f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=2",
+                           "--norm_placement=post", "--norm_type=layernorm", f"--bias={bias}", "--n_layer=3")))
         state = load_checkpoint(str(out / "ckpt.pt"))["model"]
         expected = sum(t.numel() for name, t in state.items() if name.startswith("blocks.0."))
         (out / "ckpt.pt").unlink()  # what a fresh clone has: the records only
@@ -1101,3 +1111,34 @@ def test_exp2_looks_train_seeds_in_rounds_only_for_the_comparisons_still_open(mo
     assert [r.seed for r in plan.runner_up_runs({"base": 3e-3})["base"]] == list(range(2, 7))
     rule = exp2.verdict_rule(2, 0.01, None, 3.35, looks)
     assert "group-sequential" in rule and "O'Brien-Fleming" in rule and "30 pairs: " in rule
+
+
+def test_exp2_table_gives_each_configurations_collapse_rate_and_its_verdict_on_the_runs_that_trained(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp2_norm_comparison as exp2
+    from babygpt.stats import clopper_pearson
+    from babygpt.verdicts import compare_table
+
+    configs = {"base": "base.py", "var": "var.py"}
+    plan = exp2.Plan("default", "out", configs, "base", [1e-3, 3e-3], [0, 1], [2, 3, 4, 5, 6])
+    seed_runs = plan.seed_runs({"base": 1e-3, "var": 3e-3})
+    values = {"base": [2.10, 2.20, 2.15, 2.12, 2.18], "var": [2.00, 3.30, 2.04, 2.03, 2.07]}
+    status = {"base": ["finished"] * 5, "var": ["finished", "collapsed", "finished", "finished", "finished"]}
+    rows = {r.name: {"status": s, "val_loss_full": v, "num_params": 10, "wall_time_s": 1.0}
+            for n in configs for r, v, s in zip(seed_runs[n], values[n], status[n])}
+    outcome = exp2.Outcome({"base": {1e-3: 2.0}, "var": {3e-3: 2.0}}, {"base": 1e-3, "var": 3e-3}, {}, {}, seed_runs,
+                           {}, rows)
+    text = exp2.tuned_table(plan, outcome, values, {}, 0.01, {}, None)
+    header, _, base_row, var_row = [line.split(" | ") for line in text.splitlines()]
+    column = header.index("collapsed or failed, 95% CI")
+    lo, hi = clopper_pearson(1, 5)
+    assert var_row[column] == f"1 of 5 ({100 * lo:.1f}%–{100 * hi:.0f}%)" == "1 of 5 (0.5%–72%)"
+    assert base_row[column] == "0 of 5 (0%–52%)" and exp2.percent(1.0) == "100%" and exp2.percent(0.0995) == "10%"
+    trained = compare_table({"base": values["base"], "var": [2.00, math.inf, 2.04, 2.03, 2.07]}, "base", 0.01)["var"]
+    assert var_row[column + 1] == f"{trained.call()} (4 pairs)" == "better (4 pairs)"
+    assert var_row[header.index("verdict")] == compare_table(values, "base", 0.01)["var"].call() == "inconclusive"
+    rows = {name: {**row, "status": "finished"} for name, row in rows.items()}
+    calm = exp2.tuned_table(plan, exp2.Outcome(outcome.means, outcome.tuned, {}, {}, seed_runs, {}, rows), values, {},
+                            0.01, {}, None)
+    assert "| 0 of 5 (0%–52%) | — (every run trained) |" in calm
+    assert "Clopper & Pearson 1934" in exp2.verdict_rule(1, 0.01, None, 3.35)

@@ -52,7 +52,7 @@ from babygpt.checkpoint import load_checkpoint
 from babygpt.cli import run, train_main
 from babygpt.config import load_config
 from babygpt.trainer import WALL_CLOCK_FIELDS, Trainer
-from conftest import ROOT, prepare_small_data
+from conftest import ROOT, once, prepare_small_data
 
 FAULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faults")
 _spec = importlib.util.spec_from_file_location("fault_injector", os.path.join(FAULTS, "fault_injector.py"))
@@ -461,8 +461,8 @@ class Training(Scenario):
             shutil.copytree(self.template, os.path.join(work, "run"))
 
     def argv(self, work, resume):
-        return [f"--data_dir={self.data_dir}", f"--out_dir={os.path.join(work, 'run')}", *QUICK_ARGS,
-                f"--init_from={'resume' if resume else 'scratch'}"]
+        return once(f"--data_dir={self.data_dir}", f"--out_dir={os.path.join(work, 'run')}", *QUICK_ARGS,
+                f"--init_from={'resume' if resume else 'scratch'}")
 
     def command(self, work, faults):
         return in_process(train_main, self.argv(work, self.template is not None), faults)
@@ -500,7 +500,7 @@ class InterruptAt(torch.nn.Module):
 def interrupted_run(base, data_dir, at=7) -> str:
     """A run of the quick budget stopped by Ctrl-C at iteration ``at`` (summary.json: interrupted)."""
     out = os.path.join(fresh(base, "interrupted"), "run")
-    cfg = load_config([f"--data_dir={data_dir}", f"--out_dir={out}", *QUICK_ARGS])
+    cfg = load_config(once(f"--data_dir={data_dir}", f"--out_dir={out}", *QUICK_ARGS))
     s = Trainer(cfg, wrap_model=lambda model: InterruptAt(model, at)).train()
     assert s["status"] == "interrupted" and s["iter"] == at
     return out
@@ -691,7 +691,7 @@ def data_dir(base):
     data = prepare_small_data(fresh(base, "data"))
     # The data's n-gram floors are cached beside it by the first run: train once, outside any scenario.
     with contextlib.redirect_stdout(io.StringIO()):
-        assert run(train_main, [f"--data_dir={data}", f"--out_dir={fresh(base, 'warmup')}", *QUICK_ARGS]) == 0
+        assert run(train_main, once(f"--data_dir={data}", f"--out_dir={fresh(base, 'warmup')}", *QUICK_ARGS)) == 0
     return data
 
 
@@ -871,7 +871,7 @@ def full_disk(base, data_dir, train_scenario):
             with open(filler, "wb") as f:
                 f.write(b"\0" * (stat.f_bavail * stat.f_frsize - free))
             out = os.path.join(mnt, "run")
-            argv = [f"--data_dir={data_dir}", f"--out_dir={out}", *QUICK_ARGS]
+            argv = once(f"--data_dir={data_dir}", f"--out_dir={out}", *QUICK_ARGS)
             outcome = in_process(train_main, argv, None)
             point = Point(0, label, out, os.getpid())
             os.remove(filler)  # free the space

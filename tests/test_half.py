@@ -15,9 +15,9 @@ from babygpt.model import GPT
 from babygpt.runtime import dtype_note, resolve_dtype
 from babygpt.sampling import load_model
 from babygpt.trainer import Trainer
-from conftest import TINY_TRAIN_ARGS, prepare_small_data, run_script, tiny_config
+from conftest import TINY_TRAIN_ARGS, once, prepare_small_data, run_script, tiny_config
 
-FP16 = [*TINY_TRAIN_ARGS, "--dtype=float16", "--log_interval=1"]
+FP16 = once(*TINY_TRAIN_ARGS, "--dtype=float16", "--log_interval=1")
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +77,8 @@ def test_float16_resume_on_cpu_is_bit_identical(data_dir, tmp_path, optimizer):
     the loss scale, which the resume must restore from the checkpoint to take the same steps (under
     muon the scaler unscales and skips Muon and AdamW together, through optim.MuonWithAdamW)."""
     n = 8
-    common = [*FP16, f"--data_dir={data_dir}", f"--eval_interval={n}", f"--lr_decay_iters={2 * n}",
-              f"--optimizer={optimizer}"]
+    common = once(*FP16, f"--data_dir={data_dir}", f"--eval_interval={n}", f"--lr_decay_iters={2 * n}",
+                  f"--optimizer={optimizer}")
     full = Trainer(load_config([*common, f"--out_dir={tmp_path / 'full'}", f"--max_iters={2 * n}"]),
                    wrap_model=lambda m: InfGradAt(m, 3)).train()
     Trainer(load_config([*common, f"--out_dir={tmp_path / 'half'}", f"--max_iters={n}"]),
@@ -169,7 +169,7 @@ def test_half_weights_give_float32_greedy_output(name, tmp_path):
 @pytest.fixture(scope="module")
 def checkpoint(data_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("ckpt") / "r"
-    Trainer(load_config([*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=20"])).train()
+    Trainer(load_config(once(*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=20"))).train()
     return out / "best.pt"
 
 

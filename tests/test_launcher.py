@@ -11,7 +11,7 @@ from babygpt import launcher
 from babygpt.state import COMPLETED
 from babygpt.sweep import Sweep
 from babygpt.sweepdir import Run
-from conftest import ROOT, TINY_TRAIN_ARGS, assert_same_weights, prepare_small_data
+from conftest import ROOT, TINY_TRAIN_ARGS, assert_same_weights, once, prepare_small_data
 
 pytestmark = [pytest.mark.slow,  # each starts processes
               pytest.mark.skipif(not launcher.available(), reason="the fork server is used on Linux only")]
@@ -23,7 +23,7 @@ def data_dir(tmp_path_factory):
 
 
 def test_a_forked_run_equals_a_new_train_py_process_and_says_the_same(data_dir, tmp_path):
-    args = [f"--data_dir={data_dir}", *TINY_TRAIN_ARGS, "--max_iters=10"]
+    args = once(f"--data_dir={data_dir}", *TINY_TRAIN_ARGS, "--max_iters=10")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = launcher.PreloadedLauncher().start([*args, f"--out_dir={tmp_path / 'forked'}"], str(tmp_path / "forked.log"),
                                              env)
@@ -52,7 +52,7 @@ def test_a_refused_run_exits_2_with_its_error_in_the_log(data_dir, tmp_path):
 def test_the_server_restarts_when_the_environment_changed(data_dir, tmp_path, monkeypatch):
     """A fork inherits the server's imports: a changed environment (e.g. a sitecustomize on PYTHONPATH)
     takes effect at the next sweep, which starts a new server."""
-    args = [f"--data_dir={data_dir}", *TINY_TRAIN_ARGS, "--max_iters=1", "--eval_interval=1"]
+    args = once(f"--data_dir={data_dir}", *TINY_TRAIN_ARGS, "--max_iters=1", "--eval_interval=1")
     assert launcher.PreloadedLauncher().start([*args, f"--out_dir={tmp_path / 'a'}"], str(tmp_path / "a.log"),
                                               dict(os.environ)).wait() == 0
     monkeypatch.setenv("BABYGPT_LAUNCHER_TEST", "changed")
@@ -64,7 +64,7 @@ def test_the_server_restarts_when_the_environment_changed(data_dir, tmp_path, mo
 
 def test_a_sweep_trains_its_cpu_runs_by_fork_with_the_same_results_as_by_new_processes(data_dir, tmp_path,
                                                                                          monkeypatch):
-    base = [f"--data_dir={data_dir}", *TINY_TRAIN_ARGS, "--max_iters=10"]
+    base = once(f"--data_dir={data_dir}", *TINY_TRAIN_ARGS, "--max_iters=10")
     runs = [Run({}, 0), Run({}, 1)]
     started = []
     monkeypatch.setattr(launcher.PreloadedLauncher, "start",

@@ -23,7 +23,7 @@ from babygpt.data import load_dataset
 from babygpt.model import GPT, GPTConfig
 from babygpt.ngram import COLLAPSE_MARGIN, is_collapsed
 from babygpt.trainer import full_split_loss, train
-from conftest import ROOT, TINY_TRAIN_ARGS
+from conftest import ROOT, TINY_TRAIN_ARGS, once
 
 
 # --- the add-one unigram -----------------------------------------------------------------------
@@ -598,7 +598,7 @@ def test_full_split_loss_scores_every_target_once():
 
 @pytest.mark.slow
 def test_summary_reports_whole_split_loss_references_and_collapse(fresh_data, tmp_path):
-    base = [f"--data_dir={fresh_data}", *TINY_TRAIN_ARGS, "--max_iters=30"]
+    base = once(f"--data_dir={fresh_data}", *TINY_TRAIN_ARGS, "--max_iters=30")
     trained = train(load_config([*base, f"--out_dir={tmp_path / 'a'}"]))
     assert trained["status"] == "finished" and trained["val_targets_full"] > 0 and trained["val_time_full_s"] > 0
     refs = trained["references"]

@@ -18,7 +18,7 @@ from babygpt.model import GPT, GPTConfig
 from babygpt.optim import MuonWithAdamW, build_optimizer, hidden_matrices
 from babygpt.placements import PLACEMENTS as PLACEMENT_CLASSES
 from babygpt.trainer import Trainer, lr_at
-from conftest import GRID, GRID_IDS, TINY_TRAIN_ARGS, NaNAfter, assert_refused_in_process, tiny_config
+from conftest import GRID, GRID_IDS, NaNAfter, TINY_TRAIN_ARGS, assert_refused_in_process, once, tiny_config
 
 MUON = TrainConfig(optimizer="muon")
 
@@ -165,8 +165,8 @@ def test_a_resume_keeps_its_own_group_settings():
 # ------------------------------------------------------------------ in the Trainer
 
 def trainer_args(data_dir, tmp_path, *extra):
-    return [*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}", "--max_iters=4",
-            "--eval_interval=4", *extra]
+    return once(*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'run'}", "--max_iters=4",
+                "--eval_interval=4", *extra)
 
 
 def test_the_schedule_scales_both_groups(small_data, tmp_path):
@@ -304,7 +304,7 @@ def test_a_checkpoint_of_another_optimizer_is_refused(saved, asked):
 def test_resuming_an_adamw_run_with_muon_is_one_line(small_data, tmp_path, capsys):
     args = trainer_args(small_data, tmp_path, "--max_iters=2", "--eval_interval=2")
     cli.run(cli.train_main, args)
-    assert_refused_in_process(cli.train_main, [*args, "--max_iters=4", "--init_from=resume", "--optimizer=muon"],
+    assert_refused_in_process(cli.train_main, once(*args, "--max_iters=4", "--init_from=resume", "--optimizer=muon"),
                               capsys, "was trained with optimizer adamw, this run asks for muon")
 
 

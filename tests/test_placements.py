@@ -21,7 +21,7 @@ from babygpt.errors import BabyGPTError
 from babygpt.model import GPT, PLACEMENTS, Block, GPTConfig, KVCache
 from babygpt.norms import NORMS, DyT, NoNorm, Norm, RMSNorm, qk_norm_refusal
 from babygpt.placements import PLACEMENTS as PLACEMENT_CLASSES
-from conftest import ROOT, tiny_config
+from conftest import ROOT, once, tiny_config
 
 # Which norms can serve as query/key norms is read from their classes (norms.qk_norm_refusal).
 QK_NORMS = [n for n in NORMS if qk_norm_refusal(n) is None]
@@ -867,13 +867,12 @@ def test_a_run_from_scratch_profiles_admin_once_and_a_resume_keeps_its_omega(dat
     from babygpt.trainer import Trainer
     from conftest import TINY_TRAIN_ARGS
 
-    args = [*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'r'}", "--max_iters=10",
-            "--norm_placement=admin", "--norm_type=layernorm", "--init=xavier"]
+    args = once(*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'r'}", "--max_iters=10",
+            "--norm_placement=admin", "--norm_type=layernorm", "--init=xavier")
     trainer = Trainer(load_config(args))
     profiled = [b.omega_attn.weight.clone() for b in trainer.model.blocks]
     assert not torch.equal(profiled[1], torch.ones(32)) and torch.equal(profiled[0], torch.ones(32))
-    plain = Trainer(load_config([*args[:-3], f"--out_dir={tmp_path / 'p'}", "--norm_placement=post",
-                                 "--norm_type=layernorm", "--init=xavier"]))
+    plain = Trainer(load_config(once(*args, f"--out_dir={tmp_path / 'p'}", "--norm_placement=post")))
     assert torch.equal(trainer.state.sampler.next_batch()[0], plain.state.sampler.next_batch()[0])
     trainer.train()
     trained = [b.omega_attn.weight.clone() for b in trainer.model.blocks]
@@ -978,8 +977,8 @@ def test_ngpt_trains_and_its_config_file_builds_it(data_dir, tmp_path):
     from conftest import TINY_TRAIN_ARGS
 
     path = os.path.join(ROOT, "config", "ngpt.py")
-    cfg = load_config([path, *TINY_TRAIN_ARGS, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'n'}",
-                       "--max_iters=30", "--learning_rate=1e-2"])
+    cfg = load_config(once(path, *TINY_TRAIN_ARGS, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'n'}",
+                       "--max_iters=30", "--learning_rate=1e-2"))
     shipped = load_config([path])
     assert (shipped.weight_decay, shipped.warmup_iters, shipped.model.bias) == (0.0, 0, False)
     summary = Trainer(cfg).train()

@@ -9,7 +9,7 @@ import pytest
 from babygpt import provenance
 from babygpt.config import load_config
 from babygpt.trainer import train
-from conftest import ROOT, TINY_TRAIN_ARGS, prepare_small_data
+from conftest import ROOT, TINY_TRAIN_ARGS, once, prepare_small_data
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def test_without_git_the_source_is_unknown_not_an_error(monkeypatch):
 
 
 def test_a_run_and_each_resume_record_their_source_and_the_format(data_dir, tmp_path):
-    args = [f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *TINY_TRAIN_ARGS]
+    args = once(f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *TINY_TRAIN_ARGS)
     train(load_config([*args, "--max_iters=10"]))
     train(load_config([*args, "--max_iters=20", "--init_from=resume"]))
     record = json.loads((tmp_path / "config.json").read_text())

@@ -32,7 +32,7 @@ from babygpt.model import GPT, GPTConfig
 from babygpt.norms import NORMS
 from babygpt.placements import DEFAULT as DEFAULT_PLACEMENT, PLACEMENTS
 from babygpt.trainer import WALL_CLOCK_FIELDS, train
-from conftest import TINY_TRAIN_ARGS, tiny_config
+from conftest import TINY_TRAIN_ARGS, once, tiny_config
 
 # Mix-LN makes floor(mixln_alpha * n_layer) blocks Post-LN: with the default 0.25 a 2-layer model
 # would have none and be plain Pre-LN; 0.5 gives it one of each. Set wherever the library accepts it
@@ -235,11 +235,11 @@ def train_args(placement, norm, overrides, data_dir, out_dir) -> list[str]:
     that keeps the stream on the sphere (nGPT) declares that it takes no dropout, no biases and no
     weight decay (as conftest.tiny_config and DROPOUT_PLACEMENTS read it)."""
     sphere = PLACEMENTS[placement].on_sphere
-    args = [*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--n_embd=16", "--block_size=8",
+    args = once(*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", f"--out_dir={out_dir}", "--n_embd=16", "--block_size=8",
             "--batch_size=4", "--eval_iters=1", "--log_interval=1", f"--eval_interval={K // 2}", "--warmup_iters=2",
             f"--lr_decay_iters={K}", f"--norm_placement={placement}", f"--norm_type={norm}",
-            *(f"--{k}={v}" for k, v in overrides.items())]
-    return args + (["--bias=false", "--dropout=0", "--weight_decay=0"] if sphere else ["--dropout=0.1"])
+            *(f"--{k}={v}" for k, v in overrides.items()))
+    return once(*args, *(["--bias=false", "--dropout=0", "--weight_decay=0"] if sphere else ["--dropout=0.1"]))
 
 
 def run_config(placement, norm, overrides, data_dir, out_dir, *more):

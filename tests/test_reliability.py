@@ -16,7 +16,7 @@ from babygpt.config import load_config
 from babygpt.errors import BabyGPTError
 from babygpt.state import COMPLETED
 from babygpt.trainer import WALL_CLOCK_FIELDS, Trainer, train
-from conftest import ROOT, TINY_TRAIN_ARGS, NaNAfter, assert_user_error, prepare_small_data
+from conftest import NaNAfter, ROOT, TINY_TRAIN_ARGS, assert_user_error, once, prepare_small_data
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +40,8 @@ def summary(out_dir):
 
 
 def start_training(out_dir, data_dir, *extra):
-    return subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), f"--data_dir={data_dir}",
-                             f"--out_dir={out_dir}", *TINY_TRAIN_ARGS, *extra],
+    return subprocess.Popen(once(sys.executable, os.path.join(ROOT, "train.py"), f"--data_dir={data_dir}",
+                             f"--out_dir={out_dir}", *TINY_TRAIN_ARGS, *extra),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -105,9 +105,9 @@ def test_resume_is_bit_identical(data_dir, tmp_path, optimizer):
     """2N iterations in one go == N iterations, then a resume to 2N (losses compared with ==); under
     muon the checkpoint carries Muon's momentum buffers and AdamW's moments (optim.MuonWithAdamW)."""
     n = 12
-    common = [f"--data_dir={data_dir}", *TINY_TRAIN_ARGS, "--log_interval=1", f"--eval_interval={n}",
-              "--dropout=0.1", f"--lr_decay_iters={2 * n}",  # dropout: the torch RNG state must resume too
-              f"--optimizer={optimizer}"]
+    common = once(f"--data_dir={data_dir}", *TINY_TRAIN_ARGS, "--log_interval=1", f"--eval_interval={n}",
+                  "--dropout=0.1", f"--lr_decay_iters={2 * n}",  # dropout: the torch RNG state must resume too
+                  f"--optimizer={optimizer}")
     train(load_config([*common, f"--out_dir={tmp_path / 'full'}", f"--max_iters={2 * n}"]))
     train(load_config([*common, f"--out_dir={tmp_path / 'half'}", f"--max_iters={n}"]))
     train(load_config([*common, f"--out_dir={tmp_path / 'half'}", f"--max_iters={2 * n}",
@@ -122,7 +122,7 @@ def test_resume_is_bit_identical(data_dir, tmp_path, optimizer):
 def test_checkpoint_older_than_a_model_field_still_resumes(data_dir, tmp_path):
     """A checkpoint written before a GPTConfig field existed resumes with that field's default."""
     out = tmp_path / "run"
-    common = [f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS]
+    common = once(f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS)
     train(load_config([*common, "--max_iters=10"]))
     ckpt = load_checkpoint(str(out / "ckpt.pt"))
     for field in ("qk_norm", "dyt_alpha_init"):  # fields added after the first checkpoints
@@ -143,7 +143,7 @@ def test_sigkill_at_random_moments_always_resumes(data_dir, tmp_path):
     max_iters = 160
     args = [f"--max_iters={max_iters}", "--eval_interval=4", "--eval_iters=1", "--log_interval=2"]
     reference = tmp_path / "reference"
-    train(load_config([f"--data_dir={data_dir}", f"--out_dir={reference}", *TINY_TRAIN_ARGS, *args]))
+    train(load_config(once(f"--data_dir={data_dir}", f"--out_dir={reference}", *TINY_TRAIN_ARGS, *args)))
 
     out = tmp_path / "killed"
     # One target in each quarter of the run, alternately an eval row (iter % 4 == 0: logged just
@@ -201,20 +201,20 @@ def test_signal_saves_checkpoint_and_exits_cleanly(data_dir, tmp_path, sig, code
     assert load_checkpoint(str(out / "ckpt.pt"))["iter"] == s["iter"]
     end = s["iter"] + 5
     # The resume in this process (the interrupted one was a process of its own, signalled as a user would).
-    assert cli.run(cli.train_main, [f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, *fixed,
-                                    f"--max_iters={end}", "--init_from=resume"]) == 0
+    assert cli.run(cli.train_main, once(f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, *fixed,
+                                    f"--max_iters={end}", "--init_from=resume")) == 0
     assert summary(out)["iter"] == end
     reference = tmp_path / "reference"
-    train(load_config([f"--data_dir={data_dir}", f"--out_dir={reference}", *TINY_TRAIN_ARGS, *fixed,
-                       f"--max_iters={end}"]))
+    train(load_config(once(f"--data_dir={data_dir}", f"--out_dir={reference}", *TINY_TRAIN_ARGS, *fixed,
+                       f"--max_iters={end}")))
     assert comparable(rows(out)) == comparable(rows(reference))
 
 
 # ------------------------------------------------------------------ divergence
 
 def trainer_with_nan(data_dir, out_dir, k, *extra):
-    cfg = load_config([f"--data_dir={data_dir}", f"--out_dir={out_dir}", *TINY_TRAIN_ARGS,
-                       "--max_iters=40", *extra])
+    cfg = load_config(once(f"--data_dir={data_dir}", f"--out_dir={out_dir}", *TINY_TRAIN_ARGS,
+                       "--max_iters=40", *extra))
     return Trainer(cfg, wrap_model=lambda model: NaNAfter(model, k))
 
 
@@ -244,8 +244,8 @@ def test_a_run_without_a_finite_result_is_skipped_out_never_finished(k, in_eval,
     """nonfinite=skip reaches max_iters whatever happens: with 31 of 40 steps skipped, or with every
     evaluation from iteration 25 on NaN, the run has no result and says so."""
     out = tmp_path / "run"
-    cfg = load_config([f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=40",
-                       "--nonfinite=skip"])
+    cfg = load_config(once(f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=40",
+                       "--nonfinite=skip"))
     s = Trainer(cfg, wrap_model=lambda model: NaNAfter(model, k, in_eval)).train()
     assert s["status"] == "skipped_out" and s["iter"] == 40
     assert (s["skipped_steps"] > 20) if not in_eval else (s["val_loss_full"] is None and s["final_eval_iter"] == 20)
@@ -256,8 +256,8 @@ def test_float16_skip_with_a_hopeless_lr_is_skipped_out(data_dir, tmp_path, caps
     """The case that once exited 0 as "finished": float16, nonfinite=skip, an LR at which every step
     overflows. It ends with exit 3 and status skipped_out."""
     out = tmp_path / "run"
-    code = cli.run(cli.train_main, [f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS,
-                                    "--max_iters=30", "--dtype=float16", "--nonfinite=skip", "--learning_rate=9"])
+    code = cli.run(cli.train_main, once(f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS,
+                                    "--max_iters=30", "--dtype=float16", "--nonfinite=skip", "--learning_rate=9"))
     assert code == cli.EXIT_DIVERGED and summary(out)["status"] == "skipped_out"
     assert "skipped_out" in capsys.readouterr().err
 
@@ -272,7 +272,7 @@ def test_a_damaged_summary_is_refused_by_name_by_every_reader(damaged, data_dir,
     from babygpt.sweep import Run, Sweep
 
     runs = [Run({"learning_rate": 1e-3}, 0)]
-    sweep = Sweep(str(tmp_path / "sweep"), runs, [*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", "--max_iters=5"])
+    sweep = Sweep(str(tmp_path / "sweep"), runs, once(*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", "--max_iters=5"))
     path = os.path.join(sweep.out_dir(runs[0]), "summary.json")
     os.makedirs(os.path.dirname(path))
     with open(path, "w") as f:
@@ -300,7 +300,7 @@ def test_interrupt_after_a_nonfinite_step_keeps_the_good_checkpoint(data_dir, tm
                 os.kill(os.getpid(), signal.SIGINT)  # lands in the handler: acted on after this step
             return result
 
-    cfg = load_config([f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=40"])
+    cfg = load_config(once(f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=40"))
     s = Trainer(cfg, wrap_model=InterruptAfterNaN).train()
     assert s["status"] == "diverged" and s["diverged_at"] == 13
     assert load_checkpoint(str(out / "ckpt.pt"))["iter"] == 10
@@ -308,7 +308,7 @@ def test_interrupt_after_a_nonfinite_step_keeps_the_good_checkpoint(data_dir, tm
 
 def test_nonfinite_eval_stops_without_overwriting_checkpoints(data_dir, tmp_path):
     out = tmp_path / "run"
-    cfg = load_config([f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=40"])
+    cfg = load_config(once(f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=40"))
     s = Trainer(cfg, wrap_model=lambda model: NaNAfter(model, 15, in_eval=True)).train()
     assert s["status"] == "diverged" and s["diverged_at"] == 20 and s["final_eval_iter"] == 10
     assert load_checkpoint(str(out / "ckpt.pt"))["iter"] == 10
@@ -324,8 +324,8 @@ def test_compile_failure_falls_back_to_eager(data_dir, tmp_path, monkeypatch, ca
             raise RuntimeError("no working C++ compiler")
         return fails
     monkeypatch.setattr(trainer_module.torch, "compile", broken_compile)
-    cfg = load_config([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *TINY_TRAIN_ARGS,
-                       "--max_iters=10", "--compile=true"])
+    cfg = load_config(once(f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *TINY_TRAIN_ARGS,
+                       "--max_iters=10", "--compile=true"))
     trainer = Trainer(cfg)
     assert trainer.net is trainer.model  # forward passes go through the eager model
     assert "warning: torch.compile failed (RuntimeError: no working C++ compiler); training eagerly" \
@@ -337,9 +337,9 @@ def test_real_divergence_exits_3(data_dir, tmp_path, capsys):
     """No norm and an absurd learning rate: the loss overflows within a few steps. (train.py's main
     in this process: its return value is train.py's exit status; a diverging train.py process is
     test_experiments.py's small_sweep, exit code 3.)"""
-    code = cli.run(cli.train_main, [f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'out'}", *TINY_TRAIN_ARGS,
-                                    "--norm_type=none", "--learning_rate=1e3", "--min_lr=0", "--grad_clip=0",
-                                    "--weight_decay=0", "--warmup_iters=0", "--max_iters=50", "--log_interval=1"])
+    code = cli.run(cli.train_main, once(f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'out'}", *TINY_TRAIN_ARGS,
+                                        "--norm_type=none", "--learning_rate=1e3", "--min_lr=0", "--grad_clip=0",
+                                        "--weight_decay=0", "--warmup_iters=0", "--max_iters=50", "--log_interval=1"))
     err = capsys.readouterr().err
     assert code == 3, err
     assert "diverged: non-finite loss at iteration" in err
@@ -350,8 +350,8 @@ def test_real_divergence_exits_3(data_dir, tmp_path, capsys):
 
 
 def test_summary_of_a_finished_run(data_dir, tmp_path):
-    s = train(load_config([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *TINY_TRAIN_ARGS,
-                           "--max_iters=10"]))
+    s = train(load_config(once(f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *TINY_TRAIN_ARGS,
+                           "--max_iters=10")))
     on_disk = summary(tmp_path)
     assert on_disk == s
     assert s["status"] in COMPLETED and s["iter"] == 10 and s["final_eval_iter"] == 10
@@ -381,8 +381,8 @@ def test_pickled_code_in_a_checkpoint_never_runs(data_dir, tmp_path, capsys):
     # process of its own, the marker would exist.
     code = cli.run(cli.sample_main, [f"--ckpt={out / 'ckpt.pt'}", "--device=cpu"])
     assert_user_error(capsys.readouterr().err, code, "refusing to load", "could run code")
-    code = cli.run(cli.train_main, [f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS,
-                                    "--max_iters=20", "--init_from=resume"])
+    code = cli.run(cli.train_main, once(f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS,
+                                    "--max_iters=20", "--init_from=resume"))
     assert_user_error(capsys.readouterr().err, code, "refusing to load")
     assert not marker.exists()
     with pytest.raises(BabyGPTError):
@@ -405,7 +405,7 @@ def test_a_signal_during_the_final_evaluation_is_named_and_the_summary_still_wri
 
     monkeypatch.setattr(trainer, "final_evaluation", signalled)
     out = tmp_path / "run"
-    result = train(load_config([f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=10"]))
+    result = train(load_config(once(f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=10")))
     assert result["status"] in COMPLETED and summary(out) == result
     assert "SIGTERM arrived as training ended (its last step or final evaluation): the run wrote its summary first" \
         in capsys.readouterr().err

@@ -109,6 +109,16 @@ def test_the_store_is_appended_once_per_run_and_forgives_only_a_last_line_cut_sh
     assert [json.loads(line)["name"] for line in lines] == ["a", "b", "c"]  # the cut line gave way to c's own
 
 
+def with_config(record, **fields):
+    """``record`` with config.json's ``fields`` changed."""
+    return {**record, "config": {**record["config"], **fields}}
+
+
+def with_settings(record, **settings):
+    """``record`` with the settings of its run (config.json's "config") changed."""
+    return with_config(record, config={**record["config"]["config"], **settings})
+
+
 @pytest.mark.parametrize("line, problem", [
     ("not json", "not a format-3 run record"),
     (json.dumps({**record_of("x"), "format": 2}), "not a format-3 run record"),
@@ -117,6 +127,16 @@ def test_the_store_is_appended_once_per_run_and_forgives_only_a_last_line_cut_sh
     (json.dumps({**record_of("x"), "metrics": [{"loss": 1}]}), "x: its metrics are not rows"),
     (json.dumps({**record_of("x"), "source": None}), "x: no source"),
     (json.dumps({**record_of("a"), "metrics": []}), "holds a twice, with different records"),
+    *[(json.dumps(record_of(name)), f"its name {name!r} is not a run name")
+      for name in ("../../evil", "a/b", "/abs", ".", "..", "a\0b")],
+    (json.dumps(record_of("")), "no run name"),
+    (json.dumps(with_config(record_of("x"), format=99)), "x's config.json: its format 99 is none this code reads"),
+    (json.dumps(with_settings(record_of("x"), n_layer="six")),
+     "x's config.json: n_layer must be an integer, got 'six'"),
+    (json.dumps(with_settings(record_of("x"), norm_type="nonorm")), "x's config.json: unknown norm_type 'nonorm'"),
+    (json.dumps(record_of("x", wall_time_s=-5.0)), "x's summary.json: its wall_time_s is -5.0, not a finite number"),
+    (json.dumps({**record_of("x"), "metrics": [{"iter": 0, "loss": "Infinity"}]}),
+     "x's metrics.jsonl: its row at iter 0 has loss 'Infinity', not a number"),
 ])
 def test_a_damaged_store_is_refused_by_line(tmp_path, line, problem):
     store = RunStore(str(tmp_path))
@@ -125,7 +145,28 @@ def test_a_damaged_store_is_refused_by_line(tmp_path, line, problem):
         f.write(line + "\n" + json.dumps(record_of("z")) + "\n")
     with pytest.raises(BabyGPTError, match="line 2") as e:
         RunStore(str(tmp_path)).records()
-    assert problem in str(e.value)
+    assert problem in str(e.value) and len(str(e.value).splitlines()) == 1
+
+
+def test_a_whole_last_line_without_its_newline_is_read_not_forgiven_as_cut_short(tmp_path):
+    """Only an append cut short is forgiven: a last line that is a whole JSON object is a record,
+    checked as any other (a kill just before its newline leaves a good one; a damaged one is refused)."""
+    store = RunStore(str(tmp_path))
+    store.add(record_of("a"))
+    with open(store.path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record_of("b")))
+    assert list(RunStore(str(tmp_path)).records()) == ["a", "b"]
+    with open(store.path, "a", encoding="utf-8") as f:
+        f.write("\n" + json.dumps({**record_of("c"), "format": 99}))
+    with pytest.raises(BabyGPTError, match=r"line 3 is damaged \(not a format-3 run record\)"):
+        RunStore(str(tmp_path)).records()
+
+
+@pytest.mark.parametrize("name", ["../../evil", "a/b", ".", "..", "", "a\0b"])
+def test_a_run_whose_name_is_not_one_path_component_is_not_stored(tmp_path, name):
+    with pytest.raises(BabyGPTError, match="cannot store a run in"):
+        RunStore(str(tmp_path)).add(record_of(name))
+    assert not os.path.exists(tmp_path / runstore.STORE)
 
 
 def old_layout_run(root, name, status="finished", source=True):

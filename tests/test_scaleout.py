@@ -63,6 +63,31 @@ def test_bad_scale_out_options_are_reported_together():
             Shard.parse(bad)
 
 
+@pytest.mark.parametrize("command", ["sweep", "experiment"])
+def test_every_sweep_reads_its_set_options_as_it_parses_them(command):
+    """experiments/sweep.py and every training experiment refuse a bad --set with their other options,
+    before they look at --out: a key given twice, malformed, unknown, empty, of the wrong type or out of
+    its declared range."""
+    import _common
+
+    options = SweepOptions if command == "sweep" else _common.TrainingOptions
+    argv = ["--set", "max_iters=10", "--set", "max_iters=20", "--set", "help", "--set", "max_iter=3", "--set",
+            "dropout=x", "--set", "data_dir=", "--set=device=tpu", "--set=beta2=1", "--jobs=0"]
+    with pytest.raises(BabyGPTError) as e:
+        parse_into(options, argv, "usage")
+    assert e.value.problems == [
+        "--jobs must be at least 1, got 0",
+        "malformed --set 'help'; write --set key=value",
+        "--set max_iter=3: unknown config key 'max_iter' (did you mean 'max_iters'?)",
+        "--set dropout=x: dropout must be a finite number, got 'x'",
+        "--set data_dir= was given an empty value; give data_dir a value, or leave that --set out",
+        "--set device=tpu: unknown device 'tpu'; choose one of: auto, cpu, cuda, mps (did you mean 'cpu'?)",
+        "--set beta2=1: beta2 must be in [0, 1), got 1.0",
+        "--set max_iters is given 2 times (max_iters=10, max_iters=20); set each key once"]
+    assert parse_into(options, ["--set", "max_iters=10", "--set=n_layer=2"], "usage").set == ["max_iters=10",
+                                                                                               "n_layer=2"]
+
+
 def test_shard_records_say_waiting_running_or_stopped(tmp_path):
     root, shard = str(tmp_path), Shard(1, 3)
     assert shard_state(root, shard) == "waiting" and recorded_split(root) is None
@@ -220,7 +245,7 @@ def in_process(argv, capsys):
 def sweep_cli(out, data_dir, *extra):
     return [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"), "--grid", "learning_rate=1e-3,3e-3",
             "--seeds", "0", "--out", str(out), *[f"--set={a[2:]}" for a in BASE], f"--set=data_dir={data_dir}",
-            "--set=max_iters=100", "--set=eval_interval=10", *extra]
+            "--set=max_iters=100", *extra]  # (BASE evaluates every 10 iterations)
 
 
 @pytest.mark.slow

@@ -210,3 +210,22 @@ def test_kendall_ceiling_is_the_smallest_tau_the_exact_permutation_test_rejects(
     assert kendall_p(xs, list(at)) <= 0.05  # the project's own exact test agrees at the ceiling
     if n == 7:  # the figure the docs quote: with seven configurations only tau >= 0.714 can reject
         assert round(kendall_ceiling(7), 3) == 0.714
+
+
+@pytest.mark.parametrize("k,n", [(0, 5), (1, 7), (3, 10), (5, 5), (12, 30)])
+def test_clopper_pearson_ends_are_where_each_binomial_tail_is_two_and_a_half_percent(k, n):
+    """The reference is the binomial itself: at the lower end P(X >= k) = 0.025, at the upper end
+    P(X <= k) = 0.025 (k = 0 and k = n put an end at 0 or 1)."""
+    from babygpt.stats import clopper_pearson
+
+    def at_least(p):
+        return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+    def at_most(p):
+        return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(0, k + 1))
+
+    lo, hi = clopper_pearson(k, n)
+    assert lo == 0.0 if k == 0 else at_least(lo) == pytest.approx(0.025, abs=1e-9)
+    assert hi == 1.0 if k == n else at_most(hi) == pytest.approx(0.025, abs=1e-9)
+    if (k, n) == (1, 7):  # the textbook example: 1 of 7 is 0.4% to 58%
+        assert (round(lo, 4), round(hi, 4)) == (0.0036, 0.5787)

@@ -5,13 +5,16 @@ runs made with other settings refused) and its options."""
 import csv
 import json
 import os
+import sys
 
 import pytest
 
 from babygpt.errors import BabyGPTError
 from babygpt.state import COMPLETED
 from babygpt.sweep import Run, Sweep, grid
-from conftest import TINY_TRAIN_ARGS, assert_refused_in_process, prepare_small_data, run_script
+from conftest import ROOT, TINY_TRAIN_ARGS, assert_refused_in_process, prepare_small_data, run_script
+
+sys.path.insert(0, os.path.join(ROOT, "experiments"))  # the experiments' _common, for the directories they make
 
 BASE = [a for a in TINY_TRAIN_ARGS if not a.startswith("--device")]
 
@@ -151,3 +154,101 @@ def test_a_sweep_run_that_overrides_its_config_is_named_by_the_override():
     config = os.path.join(ROOT, "config", "prenorm_rms.py")
     assert Run({"norm_type": "layernorm"}, 0, config).name == "norm_type=layernorm__from=prenorm_rms__seed=0"
     assert Run({"learning_rate": 1e-3}, 0, config).name == "prenorm_rms__learning_rate=0.001__seed=0"  # unchanged
+
+
+def test_a_key_set_twice_is_refused_by_name():
+    """--set is repeatable, but each key once: of two values the last would silently win."""
+    from babygpt.options import parse_into
+    from babygpt.sweep import SWEEP_USAGE, SweepOptions
+
+    with pytest.raises(BabyGPTError) as err:
+        parse_into(SweepOptions, ["--set", "max_iters=10", "--set=n_layer=2", "--set", "max_iters=20",
+                                  "--jobs=1", "--jobs", "2"], SWEEP_USAGE)
+    assert err.value.problems == ["--jobs is given 2 times ('1', '2'); give it once",
+                                  "--set max_iters is given 2 times (max_iters=10, max_iters=20); set each key once"]
+
+
+@pytest.mark.parametrize("option", ["reuse", "shard", "gpus", "out", "seeds", "jobs", "set", "grid", "collect"])
+def test_an_empty_option_value_is_refused_not_read_as_absent(option, tmp_path, monkeypatch, capsys):
+    """``--reuse=`` would read as no --reuse at all, ``--out=`` as the current directory."""
+    from babygpt import sweep
+
+    monkeypatch.chdir(tmp_path)
+    collect = [] if option == "collect" else ["--collect"]  # (nothing to train, whatever the option is read as)
+    for argv in ([f"--{option}="], [f"--{option}", ""]):
+        err = assert_refused_in_process(sweep.main, ["--grid", "learning_rate=1e-3", *collect, *argv], capsys)
+        assert err == f"error: --{option} was given an empty value ''; give it a value, or leave it out for its " \
+                      f"default\n", argv
+    assert os.listdir(tmp_path) == []
+
+
+def test_base_arguments_give_each_key_once_the_later_value_replacing_the_earlier():
+    """An experiment's --set replaces its tier's budget: train.py, which refuses a key given twice, is
+    given the --set value alone."""
+    run = Run({"learning_rate": 1e-3}, 0)
+    sweep = Sweep("unused", [run], ["--max_iters=10", "--n_layer=2", "--max_iters=20"])
+    args = sweep._config_args(run)
+    assert args == ["--max_iters=20", "--n_layer=2", "--learning_rate=0.001", "--seed=0"]
+    sweep.check(on_disk=False)
+    assert sweep._wanted[run.name]["max_iters"] == 20
+
+
+def exp1_args(*argv):
+    import _common
+    from exp1_gradient_vanishing import Exp1Options
+
+    return _common.parse(Exp1Options, list(argv), "exp1_gradient_vanishing", "doc")
+
+
+def files_of(root):
+    """Every file under ``root`` with its bytes and modification time."""
+    out = {}
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as f:
+                out[path] = (f.read(), os.stat(path).st_mtime_ns)
+    return out
+
+
+def test_a_sweep_refuses_an_experiments_directory_naming_a_bad_set_too(tmp_path, monkeypatch, capsys):
+    """A sweep's runs and results.csv written into an experiment's results would mix with them, and
+    its settings.json would no longer say what made them: refused before anything is written, with
+    every other problem of the command (a bad --set is reported, not hidden behind the directory)."""
+    import _common
+    from babygpt import sweep
+
+    monkeypatch.chdir(tmp_path)
+    _common.claim("exp1", exp1_args(), "exp1")
+    before = files_of(tmp_path)
+    for argv in (["--out=exp1", "--collect"], ["--out", "exp1"]):
+        assert_refused_in_process(sweep.main, ["--grid", "learning_rate=1e-3", *argv], capsys,
+                                  "holds the results of experiment exp1", "use another --out")
+    err = assert_refused_in_process(sweep.main, ["--grid", "learning_rate=1e-3", "--out=exp1", "--set", "max_iter=3",
+                                                 "--set", "dropout=x"], capsys)
+    assert "--set max_iter=3: unknown config key 'max_iter' (did you mean 'max_iters'?)" in err
+    assert "--set dropout=x: dropout must be a finite number, got 'x'" in err
+    assert "holds the results of experiment exp1" in err and len(err.splitlines()) == 3
+    # a sweep of its own below an experiment's results is the sweep's (experiment 14 reads such sweeps)
+    err = assert_refused_in_process(sweep.main, ["--grid", "learning_rate=1e-3", "--out", os.path.join("exp1", "arm"),
+                                                 "--collect"], capsys, "have not finished")
+    assert "experiment" not in err
+    assert files_of(tmp_path) == before
+
+
+def test_an_experiment_refuses_a_sweeps_directory(tmp_path, monkeypatch):
+    """The other way round: a directory a sweep made has no settings.json, and an experiment refuses
+    files of unknown origin (and finds nothing of its own there to --collect)."""
+    import _common
+    from babygpt.experimentdir import OutputDir
+
+    monkeypatch.chdir(tmp_path)
+    made = Sweep("sweep", [Run({"learning_rate": 1e-3}, 0)], ["--max_iters=5"])
+    made.check()
+    made.bind()
+    before = files_of(tmp_path)
+    with pytest.raises(BabyGPTError, match="sweep holds files without a settings.json"):
+        _common.claim("sweep", exp1_args(), "exp1")
+    with pytest.raises(BabyGPTError, match="nothing to collect in 'sweep'"):
+        OutputDir("sweep", {"experiment": "exp7"}, collect=True).check()
+    assert files_of(tmp_path) == before

@@ -72,12 +72,12 @@ def test_a_run_with_tensorboard_logs_what_metrics_jsonl_holds(tmp_path):
     pytest.importorskip("tensorboard")
     from babygpt.config import load_config
     from babygpt.trainer import train
-    from conftest import TINY_TRAIN_ARGS, prepare_small_data
+    from conftest import TINY_TRAIN_ARGS, once, prepare_small_data
 
     data_dir = prepare_small_data(tmp_path)
     out = tmp_path / "run"
-    train(load_config([f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=10",
-                       "--tensorboard", "--diag_interval=5"]))
+    train(load_config(once(f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=10",
+                       "--tensorboard", "--diag_interval=5")))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     events = read_events(str(out / tracker.LOG_DIR))
     assert events["val_loss"] == [(r["iter"], pytest.approx(r["val_loss"])) for r in rows if "val_loss" in r]

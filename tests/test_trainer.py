@@ -15,7 +15,7 @@ from babygpt.distributed import Dist
 from babygpt.state import COMPLETED, TrainState
 from babygpt.runtime import CUBLAS_WORKSPACE
 from babygpt.trainer import Trainer, estimate_loss, train
-from conftest import TINY_TRAIN_ARGS, assert_same_weights, prepare_small_data
+from conftest import TINY_TRAIN_ARGS, assert_same_weights, once, prepare_small_data
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +55,8 @@ def test_eval_windows_do_not_depend_on_seed_or_rank(data_dir):
 
     train_data, val_data, _ = load_dataset(data_dir)
     splits = {"val": val_data}
-    a, b = (load_config([*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", "--eval_iters=5", "--dtype=float32",
-                         f"--seed={s}"]) for s in (0, 1234))
+    a, b = (load_config(once(*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", "--eval_iters=5", "--dtype=float32",
+                         f"--seed={s}")) for s in (0, 1234))
     one = eval_windows(a, splits)
     assert len(one) == 5
     for x, y in zip(one, eval_windows(b, splits)):
@@ -65,7 +65,7 @@ def test_eval_windows_do_not_depend_on_seed_or_rank(data_dir):
     assert [len(r) for r in ranks] == [3, 2]  # batches 0, 2, 4 and 1, 3
     for k, x in enumerate(one):
         assert torch.equal(ranks[k % 2][k // 2], x)
-    one_batch = load_config([*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", "--eval_iters=1", "--dtype=float32"])
+    one_batch = load_config(once(*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", "--eval_iters=1", "--dtype=float32"))
     assert len(eval_windows(one_batch, splits, LocalRank(1, 1, 2))) == 0  # rank 1 scores nothing, still sums
     # Training batches come from the run's own seed: never the eval stream.
     train_batch = BatchSampler(val_data, a.model.block_size, a.batch_size, a.seed).next_batch()[0]
@@ -122,7 +122,7 @@ def test_mps_rng_state_is_saved_and_restored(monkeypatch):
 
 
 def test_trainer_builds_the_configured_init_and_adam_eps(data_dir, tmp_path):
-    args = [*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'r'}", "--max_iters=2"]
+    args = once(*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'r'}", "--max_iters=2")
     trainer = Trainer(load_config([*args, "--adam_eps=1e-15", "--init=xavier"]))
     assert [g["eps"] for g in trainer.optimizer.param_groups] == [1e-15, 1e-15]
     assert trainer.model.emb_scale == math.sqrt(32)
@@ -131,7 +131,7 @@ def test_trainer_builds_the_configured_init_and_adam_eps(data_dir, tmp_path):
 
 def test_building_a_trainer_writes_nothing_and_prints_nothing(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
-    trainer = Trainer(load_config([*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=2"]))
+    trainer = Trainer(load_config(once(*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=2")))
     loss = trainer.step(1e-3)
     assert math.isfinite(loss.item()) and trainer.state.iter == 0  # step() does not advance the run's count
     assert not out.exists() and capsys.readouterr().out == ""
@@ -143,8 +143,8 @@ def test_building_a_trainer_writes_nothing_and_prints_nothing(data_dir, tmp_path
 def test_z_loss_adds_the_squared_log_normalizer_to_the_objective_only(data_dir, tmp_path, z_loss):
     """One step's gradient is that of CE + z_loss * mean((log Z)^2), computed by hand on the same batch;
     the loss the step returns (and logs) is the cross-entropy alone."""
-    args = [*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'z'}", "--grad_clip=0",
-            f"--z_loss={z_loss}"]
+    args = once(*TINY_TRAIN_ARGS, f"--data_dir={data_dir}", f"--out_dir={tmp_path / 'z'}", "--grad_clip=0",
+            f"--z_loss={z_loss}")
     trainer = Trainer(load_config(args))
     model, sampler = trainer.model, trainer.state.sampler
     before = sampler.state_dict()
@@ -168,8 +168,8 @@ def test_deterministic_switches_torch_to_deterministic_kernels_and_a_cpu_run_sta
         data_dir, tmp_path, deterministic_mode_restored):
     """CPU kernels are deterministic already: the switch must change nothing a CPU run computes."""
     for flag in ("false", "true"):
-        s = train(load_config([f"--data_dir={data_dir}", f"--out_dir={tmp_path / flag}", *TINY_TRAIN_ARGS,
-                               "--max_iters=20", f"--deterministic={flag}"]))
+        s = train(load_config(once(f"--data_dir={data_dir}", f"--out_dir={tmp_path / flag}", *TINY_TRAIN_ARGS,
+                               "--max_iters=20", f"--deterministic={flag}")))
         assert s["status"] in COMPLETED
         assert torch.are_deterministic_algorithms_enabled() is (flag == "true")
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_WORKSPACE
@@ -186,7 +186,7 @@ def metrics_rows(out_dir):
 def test_target_val_loss_ends_the_run_where_the_full_schedule_would_be_at_that_eval(data_dir, tmp_path):
     """A target every eval reaches ends the run at its first eval after iteration 0, with the weights a
     run cut there by max_iters (the same cosine over 40 iterations) has: nothing else changes."""
-    common = [f"--data_dir={data_dir}", *TINY_TRAIN_ARGS, "--lr_decay_iters=40"]
+    common = once(f"--data_dir={data_dir}", *TINY_TRAIN_ARGS, "--lr_decay_iters=40")
     s = train(load_config([*common, f"--out_dir={tmp_path / 'target'}", "--max_iters=40", "--target_val_loss=10"]))
     assert s["status"] == "finished" and s["iter"] == 10 and s["target_reached_at"] == 10
     assert s["val_loss_full"] is not None  # scored on the whole split like any finished run
@@ -199,13 +199,13 @@ def test_target_val_loss_ends_the_run_where_the_full_schedule_would_be_at_that_e
 
 
 def test_a_target_not_reached_trains_to_max_iters_and_says_so(data_dir, tmp_path):
-    s = train(load_config([f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *TINY_TRAIN_ARGS, "--max_iters=20",
-                           "--target_val_loss=0.01"]))
+    s = train(load_config(once(f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *TINY_TRAIN_ARGS, "--max_iters=20",
+                           "--target_val_loss=0.01")))
     assert s["status"] in COMPLETED and s["iter"] == 20 and s["target_reached_at"] is None
 
 
 def test_a_run_that_reached_its_target_resumes_to_nothing_until_the_target_is_lowered(data_dir, tmp_path, capsys):
-    args = [f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *TINY_TRAIN_ARGS, "--max_iters=30"]
+    args = once(f"--data_dir={data_dir}", f"--out_dir={tmp_path}", *TINY_TRAIN_ARGS, "--max_iters=30")
     train(load_config([*args, "--target_val_loss=10"]))
     before = {name: (tmp_path / name).read_bytes() for name in ("ckpt.pt", "summary.json", "metrics.jsonl")}
     s = train(load_config([*args, "--target_val_loss=10", "--init_from=resume"]))
