@@ -27,9 +27,11 @@ from typing import Literal, Optional
 
 from .errors import BabyGPTError, Checked
 from .model import GPTConfig
+from .norms import NORMS, build_norm
 from .options import Option, Range, convert as convert_value, float_problems, format_help, option, options_of, \
     parse, unknown_name
 from . import tracker
+from .signals import ProcessExit, no_process_exit
 from .memory import FIX, attention_bytes, memory_problem, training_bytes
 from .runtime import check_dtype, resolve_device, resolve_dtype
 
@@ -154,7 +156,7 @@ class TrainConfig(Checked):
             problems.append(f"norm_placement {self.model.norm_placement} puts its matrices back on the unit sphere "
                             f"after every step: Muon's orthogonalized update, sized by the matrix's shape, would "
                             f"be partly projected away, and nGPT's learning rates are AdamW's; set optimizer adamw")
-        problems += self.unused_muon_keys()
+        problems += self.unused_muon_keys() + self.unused_decay_norms()
         refusal = self.model.qk_clip_refusal() if self.qk_clip_tau > 0 else None
         if refusal is not None:
             problems.append(f"qk_clip_tau {self.qk_clip_tau:g}: {refusal}")
@@ -170,6 +172,26 @@ class TrainConfig(Checked):
                    if getattr(self, name) != defaults[name].default]
         return [f"{', '.join(changed)}: the muon_* keys apply to optimizer muon only, got optimizer "
                 f"{self.optimizer}; set optimizer muon or leave them out"] if changed else []
+
+    def unused_decay_norms(self) -> list[str]:
+        """decay_norms where it would decay nothing: weight_decay 0, or a model whose norms have no
+        parameters (norm_type none or rmsnorm_noparam, or a placement that builds no norm layers).
+        Which norms have parameters is read from the norm class built as the model would build it."""
+        if not self.decay_norms:
+            return []
+        if self.weight_decay == 0:
+            return ["decay_norms decays the norms' parameters by weight_decay, which is 0: it would change "
+                    "nothing; set weight_decay, or leave decay_norms out"]
+        placement, model = self.model.placement_class, self.model
+        if placement is None or model.norm_type not in NORMS or not isinstance(model.n_embd, int):
+            return []  # (reported by GPTConfig.problems)
+        norm = build_norm(model.norm_type, model.n_embd, model.norm_options()) if placement.uses_norm_type else None
+        if norm is None or not any(True for _ in norm.parameters()):
+            what = (f"norm_type {model.norm_type} has no parameters" if norm is not None else
+                    f"norm_placement {model.norm_placement} builds no norm layers")
+            return [f"decay_norms decays the norms' parameters, but {what}: it would change nothing; leave "
+                    f"decay_norms out"]
+        return []
 
     def float_pair_problems(self) -> list[str]:
         """The rules between float keys, each of which is already in its own range."""
@@ -279,9 +301,9 @@ def read_config_file(path: str) -> dict:
         where = f" at line {e.lineno}: {e.msg}" if getattr(e, "lineno", None) else f": {getattr(e, 'msg', e)}"
         raise BabyGPTError(f"config file '{path}' has a syntax error{where}") from None
     try:
-        with _no_process_exit(), _interrupts_noted() as interrupted:
+        with no_process_exit(), _interrupts_noted() as interrupted:
             exec(code, namespace)
-    except (SystemExit, _ProcessExit) as e:  # exit(), sys.exit() or os._exit() must not end the program silently
+    except (SystemExit, ProcessExit) as e:  # exit(), sys.exit() or os._exit() must not end the program silently
         raise BabyGPTError(f"config file '{path}' called {getattr(e, 'call', 'exit()')}; a config file only assigns "
                            f"keys") from None
     except KeyboardInterrupt:
@@ -297,32 +319,6 @@ def read_config_file(path: str) -> dict:
         raise BabyGPTError(f"config file '{path}' sets no keys; a config file is Python with one "
                            f"assignment per key, e.g. `n_layer = 6` (JSON and YAML are not read)")
     return values
-
-
-class _ProcessExit(BaseException):
-    """os._exit() or os.abort() called by a config file, stopped before it ends the process."""
-
-    def __init__(self, call: str):
-        super().__init__(call)
-        self.call = call
-
-
-@contextlib.contextmanager
-def _no_process_exit():
-    """While a config file runs, the calls that end the process at once raise _ProcessExit instead."""
-    def stopped(call):
-        def stop(*args):
-            raise _ProcessExit(call)
-        return stop
-
-    saved = {name: getattr(os, name) for name in ("_exit", "abort") if hasattr(os, name)}
-    for name in saved:
-        setattr(os, name, stopped(f"os.{name}()"))
-    try:
-        yield
-    finally:
-        for name, function in saved.items():
-            setattr(os, name, function)
 
 
 @contextlib.contextmanager

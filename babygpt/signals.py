@@ -1,11 +1,41 @@
-"""SIGINT and SIGTERM during training: noted, then acted on between optimizer steps."""
+"""SIGINT and SIGTERM during training: noted, then acted on between optimizer steps; and code the
+program runs but did not write (a config file, an installed package) kept from ending the process."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
 
 import torch
+
+
+class ProcessExit(BaseException):
+    """os._exit() or os.abort() called inside ``no_process_exit``, stopped before it ends the process."""
+
+    def __init__(self, call: str):
+        super().__init__(call)
+        self.call = call
+
+
+@contextlib.contextmanager
+def no_process_exit():
+    """While the block runs, the calls that end the process at once, without cleanup or a message
+    (os._exit, os.abort), raise ProcessExit instead, so the caller can say what did it."""
+    def stopped(call):
+        def stop(*args):
+            raise ProcessExit(call)
+        return stop
+
+    saved = {name: getattr(os, name) for name in ("_exit", "abort") if hasattr(os, name)}
+    for name in saved:
+        setattr(os, name, stopped(f"os.{name}()"))
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(os, name, function)
 
 
 class StopSignals:

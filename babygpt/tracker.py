@@ -15,6 +15,8 @@ import math
 import os
 import tempfile
 
+from .signals import no_process_exit
+
 LOG_DIR = "tensorboard"
 INSTALL = "pip install tensorboard (or pip install -e '.[tensorboard]')"
 
@@ -26,12 +28,13 @@ def missing_problem() -> str | None:
     if importlib.util.find_spec("tensorboard") is None:
         return f"tensorboard = True needs the tensorboard package, which is not installed: {INSTALL}"
     try:
-        from torch.utils.tensorboard import SummaryWriter
+        with no_process_exit():  # a package that calls os._exit() would end train.py without a word
+            from torch.utils.tensorboard import SummaryWriter
 
-        with tempfile.TemporaryDirectory() as scratch:
-            writer = SummaryWriter(scratch)
-            writer.add_scalar("check", 1.0, global_step=0)
-            writer.close()
+            with tempfile.TemporaryDirectory() as scratch:
+                writer = SummaryWriter(scratch)
+                writer.add_scalar("check", 1.0, global_step=0)
+                writer.close()
     except BaseException as e:  # noqa: BLE001  (whatever a broken install raises or exits with, the fix is the same)
         where = getattr(importlib.util.find_spec("tensorboard"), "origin", None) or \
             ", ".join(getattr(importlib.util.find_spec("tensorboard"), "submodule_search_locations", None) or [])

@@ -352,3 +352,17 @@ def test_muon_warns_where_the_cpu_emulates_bfloat16(slowdown, warned, monkeypatc
     assert ("warning: optimizer muon: torch.optim.Muon orthogonalizes each update in bfloat16, which this CPU "
             "emulates (matmul 40x slower than float32)" in err) == warned
     assert runtime.muon_note(torch.device("cuda")) is None  # a GPU computes bfloat16 natively
+
+
+@pytest.mark.parametrize("model,train,fragment", [
+    ({}, {"weight_decay": 0.0}, "by weight_decay, which is 0"),
+    ({"norm_type": "none"}, {}, "norm_type none has no parameters"),
+    ({"norm_type": "rmsnorm_noparam"}, {}, "norm_type rmsnorm_noparam has no parameters"),
+])
+def test_decay_norms_that_would_decay_nothing_is_refused(model, train, fragment):
+    """Used or refused: with nothing to decay, decay_norms would be accepted and change nothing."""
+    from babygpt.errors import BabyGPTError
+
+    with pytest.raises(BabyGPTError, match=f"decay_norms decays the norms' parameters.*{fragment}|{fragment}"):
+        TrainConfig(model=tiny_config(**model), decay_norms=True, **train)
+    TrainConfig(model=tiny_config(norm_type="layernorm"), decay_norms=True)  # a norm with a gain: fine
