@@ -16,6 +16,21 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402  (after OMP_NUM_THREADS: OpenMP reads it once, when torch loads it)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The test files whose module-scoped fixtures cost seconds (a training run, a sweep, the fault-injection
+# scenarios): under pytest-xdist (pytest.ini's --dist loadgroup) each runs whole on one worker, so
+# those fixtures are built once; every other test goes to whichever worker is free.
+ONE_WORKER_MODULES = {"test_faults", "test_distributed", "test_sweep", "test_plot", "test_runstore", "test_cli",
+                      "test_compare_runs", "test_half"}
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2]
+        if module in ONE_WORKER_MODULES:
+            item.add_marker(pytest.mark.xdist_group(module))
 sys.path.insert(0, ROOT)
 
 from babygpt.model import PLACEMENTS, GPTConfig  # noqa: E402
