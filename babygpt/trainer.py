@@ -247,9 +247,36 @@ def load_splits(cfg: TrainConfig, dist: distributed.Dist) -> tuple[dict, CharTok
     return {"train": train_data, "val": val_data}, tok
 
 
+# A model deeper than this says, before it is built, how long building it will take here: each
+# block is a handful of modules whose construction and initialisation cost milliseconds, so ten
+# thousand blocks take minutes before the first message (the memory check passes a narrow one).
+MANY_BLOCKS = 256
+SMALL_DEPTHS = (2, 10)  # the depths build_seconds times: far enough apart that a block's cost shows
+
+
+def build_seconds(model_cfg: GPTConfig, clock=time.perf_counter) -> float:
+    """About how long building ``model_cfg``'s GPT takes here: a 2- and a 10-block model built and
+    timed (the fastest of two each), the line through them extended to its depth (called before
+    any seeding: it draws random numbers)."""
+    times = []
+    for n in SMALL_DEPTHS:
+        fastest = math.inf
+        for _ in range(2):  # the fastest of two: the first build also pays one-time costs
+            start = clock()
+            GPT(dataclasses.replace(model_cfg, n_layer=n))
+            fastest = min(fastest, clock() - start)
+        times.append(fastest)
+    (a, b), (ta, tb) = SMALL_DEPTHS, times
+    per_block = max((tb - ta) / (b - a), 0.0)
+    return max(ta - per_block * a, 0.0) + per_block * model_cfg.n_layer
+
+
 def seeded_model(model_cfg: GPTConfig, seed: int, device: torch.device, dist: distributed.Dist) -> GPT:
     """The model, initialised from ``seed`` (the same weights on every rank); the generators are then
     left at ``seed`` (one process) or at each rank's own training seed, for its own dropout masks."""
+    if model_cfg.n_layer > MANY_BLOCKS and dist.is_main:
+        print(f"building {model_cfg.n_layer:,} blocks takes about {build_seconds(model_cfg):,.0f} s here, before "
+              f"training starts", file=sys.stderr, flush=True)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

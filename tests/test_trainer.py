@@ -15,7 +15,7 @@ from babygpt.distributed import Dist
 from babygpt.state import COMPLETED, TrainState
 from babygpt.runtime import CUBLAS_WORKSPACE
 from babygpt.trainer import Trainer, estimate_loss, train
-from conftest import TINY_TRAIN_ARGS, assert_same_weights, once, prepare_small_data
+from conftest import TINY_TRAIN_ARGS, assert_same_weights, once, prepare_small_data, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -213,3 +213,22 @@ def test_a_run_that_reached_its_target_resumes_to_nothing_until_the_target_is_lo
     assert {name: (tmp_path / name).read_bytes() for name in before} == before
     s = train(load_config([*args, "--target_val_loss=0.01", "--init_from=resume"]))
     assert s["status"] in COMPLETED and s["iter"] == 30 and s["target_reached_at"] is None
+
+
+def test_a_deep_model_says_how_long_its_build_takes_before_building_it(monkeypatch, capsys):
+    """Above MANY_BLOCKS blocks, the build's time is estimated (1 and 2 blocks timed) and said first;
+    the estimate draws no random numbers that the model's weights see."""
+    from babygpt import distributed
+    from babygpt import trainer as trainer_module
+
+    cfg = tiny_config(n_layer=3)
+    plain = trainer_module.seeded_model(cfg, 0, torch.device("cpu"), distributed.Dist())
+    assert "blocks takes about" not in capsys.readouterr().err
+    monkeypatch.setattr(trainer_module, "MANY_BLOCKS", 2)
+    said = trainer_module.seeded_model(cfg, 0, torch.device("cpu"), distributed.Dist())
+    assert "building 3 blocks takes about" in capsys.readouterr().err
+    for (name, a), b in zip(plain.state_dict().items(), said.state_dict().values()):
+        assert torch.equal(a, b), name
+    # 2 blocks: 6 s then 5 s, 10 blocks: 21 s then 22 s -> the fastest, 5 s and 21 s: 1 s + 2 s a block
+    ticks = iter([0.0, 6.0, 10.0, 15.0, 20.0, 41.0, 50.0, 72.0])
+    assert trainer_module.build_seconds(tiny_config(n_layer=100), clock=lambda: next(ticks)) == 201.0
