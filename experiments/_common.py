@@ -113,9 +113,17 @@ def placement_problems(text: str) -> list[str]:
     bad = [pl for pl in names if pl not in PLACEMENTS]
     if bad:
         return [unknown_choice("placement", bad[0], PLACEMENTS)]
-    return [f"placement {pl} builds no norm layers, so it has no place in a comparison of where a norm goes; "
-            f"compare it through experiments/exp2_norm_comparison.py --configs config/ngpt.py,..."
-            for pl in names if not PLACEMENT_CLASSES[pl].uses_norm_type]
+    return repeated_entries("--placements", names) + [
+        f"placement {pl} builds no norm layers, so it has no place in a comparison of where a norm goes; "
+        f"compare it through experiments/exp2_norm_comparison.py --configs config/ngpt.py,..."
+        for pl in names if not PLACEMENT_CLASSES[pl].uses_norm_type]
+
+
+def repeated_entries(option: str, entries: list) -> list[str]:
+    """An entry a comma-separated option lists twice: it would be measured once, the second silently
+    dropped (used or refused)."""
+    twice = sorted({str(e) for e in entries if entries.count(e) > 1})
+    return [f"{option} lists {', '.join(twice)} more than once; give each once"] if twice else []
 
 
 # Options that change where or how fast results are made, not what they are.

@@ -138,10 +138,12 @@ class Exp4Options(_common.DataOptions):
         problems = _common.placement_problems(self.placements)
         if self.depths and not all(d.strip().isdigit() and int(d) > 0 for d in self.depths.split(",")):
             problems.append(f"--depths takes comma-separated positive integers, got {self.depths!r}")
+        elif self.depths:
+            problems += _common.repeated_entries("--depths", [int(d) for d in self.depths.split(",")])
         bad = [i for i in self.inits.split(",") if i not in INITS]
         if bad:
             problems.append(_common.unknown_choice("init", bad[0], INITS))
-        return problems
+        return problems + _common.repeated_entries("--inits", self.inits.split(","))
 
 
 def depth_ticks(ax, depths) -> None:

@@ -1142,3 +1142,19 @@ def test_exp2_table_gives_each_configurations_collapse_rate_and_its_verdict_on_t
                             0.01, {}, None)
     assert "| 0 of 5 (0%–52%) | — (every run trained) |" in calm
     assert "Clopper & Pearson 1934" in exp2.verdict_rule(1, 0.01, None, 3.35)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--depths=2,2"], "--depths lists 2 more than once"),
+    (["--depths=4,2,04"], "--depths lists 4 more than once"),
+    (["--placements=pre,pre"], "--placements lists pre more than once"),
+    (["--inits=gpt2,gpt2"], "--inits lists gpt2 more than once"),
+])
+def test_exp4_refuses_an_entry_listed_twice(argv, fragment, monkeypatch):
+    """Used or refused: a depth, placement or init listed twice would be measured once."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import _common
+    from exp4_grad_norm_at_init import Exp4Options
+
+    with pytest.raises(BabyGPTError, match=re.escape(fragment)):
+        _common.parse(Exp4Options, ["--quick", *argv], "exp4", "doc")
