@@ -23,7 +23,6 @@ before the original is deleted); runs not yet over are left where they are.
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from .model import INITS, PLACEMENTS, RESIDUAL_GATES
 from .norms import NORMS
 from .provenance import ROOT, RUN_RECORD_FORMAT
 from .rundir import RunDir, latest_config, read_record, read_summary
-from .state import ENDED, summary_problems
+from .state import ENDED, is_finite_number, summary_problems
 
 try:
     import fcntl
@@ -151,7 +150,7 @@ def settings_problem(settings: dict) -> str | None:
 
 
 def _is_number(value) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)
+    return is_finite_number(value)
 
 
 def summary_fields_problem(summary: dict) -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -36,8 +37,15 @@ def finite_or_none(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
+def is_finite_number(value) -> bool:
+    """An int or float a float can hold (a JSON integer can be too large for one: 10**400)."""
+    if type(value) is int:
+        return abs(value) <= sys.float_info.max
+    return type(value) is float and math.isfinite(value)
+
+
 def _is_number(value, finite: bool = True) -> bool:
-    return type(value) in (int, float) and (not finite or math.isfinite(value))
+    return is_finite_number(value) if finite else type(value) in (int, float)
 
 
 def summary_problems(summary: dict) -> list[str]:

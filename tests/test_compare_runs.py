@@ -103,6 +103,7 @@ def fake_run(directory, config=None, summary=None, rows=None, **info):
                                          "losses)"),
     ({"summary": {"references": {"unigram": 3.3, "kn8": "low"}}}, "summary.json is damaged (its references is"),
     ({"summary": {"wall_time_s": -5.0}}, "summary.json is damaged (its wall_time_s is -5.0, not a finite number >= 0"),
+    ({"summary": {"best_val_loss": 10 ** 400}}, "summary.json is damaged"),  # beyond a float: no OverflowError
     ({"summary": {"status": "diverged", "diverged_at": 5, "best_val_loss": "Infinity"}},
      "summary.json is damaged (its best_val_loss is 'Infinity', not a finite number >= 0"),
     ({"rows": [{"iter": 0, "loss": "Infinity"}]}, "metrics.jsonl is damaged (its row at iter 0 has loss 'Infinity', "
