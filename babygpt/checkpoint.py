@@ -120,18 +120,21 @@ def pack_training_state(model, optimizer, scaler, state, dist, device: torch.dev
 
 
 def resume_training_state(path: str, model_cfg, vocab: list[str], model, optimizer, scaler, state, dist,
-                          optimizer_name: str = "adamw") -> None:
+                          fixed: dict | None = None, average=None) -> None:
     """Load the checkpoint ``path`` (written by ``pack_training_state``) into the run's objects,
-    after checking that it fits them (``optimizer_name``: the run's cfg.optimizer). The RNG states
+    after checking that it fits them (``fixed``: the run's values of FIXED_AT_START's keys; ``average``:
+    the run's averaging.WeightAverage, if it keeps one). The RNG states
     are kept in ``state.pending_rng``, applied when training starts. Under torchrun every rank reads
     the file, so across nodes it must be on a shared filesystem."""
     ckpt = load_checkpoint(path, map_location="cpu")
     if not isinstance(ckpt.get("model_config"), dict):
         raise BabyGPTError(f"{path} is damaged (its model_config is not a mapping); start a new --out_dir")
-    check_same_optimizer(ckpt, optimizer_name, path)  # first: muon also changes the architecture (split_qkv)
+    check_same_start(ckpt, fixed or {}, path)  # first: muon also changes the architecture (split_qkv)
     check_resumable(ckpt, model_cfg, vocab, dist.world_size, path)
     try:
         model.load_state_dict(ckpt["model"])
+        if average is not None:
+            average.load_state_dict(ckpt["ema"])
         load_optimizer_state(optimizer, ckpt["optimizer"])
         if ckpt["scaler"]:  # empty when the checkpointed run did not use float16
             scaler.load_state_dict(ckpt["scaler"])
@@ -160,16 +163,34 @@ def load_optimizer_state(optimizer, state: dict) -> None:
 
 # ---------------------------------------------------------------- resuming
 
-def check_same_optimizer(ckpt: dict, optimizer_name: str, path: str) -> None:
-    """Refuse to continue a run under another optimizer: AdamW's moments and Muon's momentum buffers
-    are different states, and neither can be made from the other. A checkpoint from before the
-    ``optimizer`` key existed was written by an AdamW run."""
-    config = ckpt.get("config")
-    saved = config.get("optimizer", "adamw") if isinstance(config, dict) else "adamw"
-    if saved != optimizer_name:
-        raise BabyGPTError(f"{path} was trained with optimizer {saved}, this run asks for {optimizer_name}: its "
-                           f"optimizer state cannot continue under another optimizer; resume with "
-                           f"--optimizer={saved}, or start a new --out_dir")
+# The training settings a resume cannot change, with what they fix and their value in a checkpoint
+# written before the key existed. The optimizer's state is one optimizer's; decay_norms decides which
+# parameter group each norm parameter is in, and the optimizer's state is stored group by group;
+# the seed is read only at the start (init and the first data order), after which the checkpoint's
+# random states take over, so a new one would be accepted and change nothing.
+FIXED_AT_START = {
+    "optimizer": ("its optimizer state cannot continue under another optimizer", "adamw"),
+    "decay_norms": ("it decides which of the optimizer's parameter groups holds each norm parameter, and the "
+                    "checkpoint's optimizer state is stored by group", False),
+    "seed": ("the seed is read only when a run starts: a resume restores the random states from the "
+             "checkpoint, so another seed would change nothing", None),
+    "ema_decay": ("the checkpoint's average of the weights was kept at that decay (or not kept)", 0.0),
+}
+
+
+def check_same_start(ckpt: dict, settings: dict, path: str) -> None:
+    """Refuse to continue a run with a setting of FIXED_AT_START changed (``settings``: the run's
+    values of those keys), every such key named in one line. A checkpoint from before a key existed
+    has the key's old value (None: not known, not checked)."""
+    config = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
+    changed = [(key, config.get(key, old), settings[key]) for key, (_, old) in FIXED_AT_START.items()
+               if key in settings and config.get(key, old) is not None and config.get(key, old) != settings[key]]
+    if changed:
+        said = "; ".join(f"{key} {saved!r} there, {asked!r} here: {FIXED_AT_START[key][0]}"
+                         for key, saved, asked in changed)
+        give = " ".join(f"--{key}={saved}" for key, saved, _ in changed)
+        raise BabyGPTError(f"{path} cannot be resumed with other settings ({said}); resume with {give}, or "
+                           f"start a new --out_dir")
 
 
 def check_resumable(ckpt: dict, model_cfg, vocab: list[str], world_size: int, path: str) -> None:

@@ -28,10 +28,10 @@ from typing import Literal, Optional
 from .errors import BabyGPTError, Checked
 from .model import GPTConfig
 from .norms import NORMS, build_norm
-from .options import Option, Range, convert as convert_value, float_problems, format_help, option, options_of, \
+from .options import Option, Range, convert as convert_value, range_problems, format_help, option, options_of, \
     parse, unknown_name
 from . import tracker
-from .signals import ProcessExit, no_process_exit
+from .signals import ProcessExit, StateChanged, foreign_code
 from .memory import FIX, attention_bytes, memory_problem, training_bytes
 from .runtime import check_dtype, resolve_device, resolve_dtype
 
@@ -56,10 +56,12 @@ class TrainConfig(Checked):
         False, "use only deterministic kernels (torch.use_deterministic_algorithms; an op that has none stops "
                "the run): on a GPU the same seed then repeats bit for bit, where otherwise it ends a few "
                "thousandths apart (docs/campaign.md)")
-    seed: int = option(1337, "seed for init, batches and dropout")
+    seed: int = option(1337, "seed for init, batches and dropout",
+                       valid=Range(0, 2**32, high_open=True, text="in [0, 2**32)"))
     # data
-    batch_size: int = option(32, "sequences per micro-step")
-    gradient_accumulation_steps: int = option(1, "micro-steps per optimizer step")
+    batch_size: int = option(32, "sequences per micro-step", valid=Range(0, low_open=True))
+    gradient_accumulation_steps: int = option(1, "micro-steps per optimizer step",
+                                              valid=Range(0, low_open=True))
     # the model: GPTConfig's fields, set by their own names
     model: GPTConfig = field(default_factory=GPTConfig)
     # optimization: 5.5e-3 (min_lr a tenth of it) is the baseline's LR tuned at 2,400 iterations on two
@@ -98,21 +100,28 @@ class TrainConfig(Checked):
                                 "2023 use 1e-4); the logged and evaluated losses stay plain cross-entropy; 0 = off",
                           valid=AT_LEAST_0)
     grad_clip: float = option(1.0, "clip the global gradient norm to this; 0 = off", valid=AT_LEAST_0)
-    warmup_iters: int = option(100, "linear warmup from 0 to learning_rate over this many iterations")
+    warmup_iters: int = option(100, "linear warmup from 0 to learning_rate over this many iterations",
+                               valid=Range(0))
     lr_decay_iters: Optional[int] = option(None, "cosine decay reaches min_lr here; none = max_iters")
     min_lr: float = option(5.5e-4, "learning rate at the end of the cosine decay", valid=AT_LEAST_0)
-    max_iters: int = option(2400, "optimizer steps in total")
+    max_iters: int = option(2400, "optimizer steps in total", valid=Range(0))
     target_val_loss: float = option(
         0.0, "end the run at the first evaluation whose val loss is at or below this (e.g. nanoGPT's 1.4697 for "
              "config/shakespeare_char_gpu.py); each evaluation's metrics row has elapsed_s, the time to it; 0 = off",
         valid=AT_LEAST_0)
+    ema_decay: float = option(0.0, "also keep an exponential moving average of the weights, ema <- ema_decay * "
+                                   "ema + (1 - ema_decay) * weights after each step (babygpt/averaging.py), and "
+                                   "score it at the end beside the weights (summary.json's *_ema losses); it "
+                                   "never changes training; 0 = off", valid=Range(0, 1, high_open=True))
     # logging and checkpoints
-    eval_interval: int = option(400, "evaluate train/val loss and checkpoint every this many iterations")
-    eval_iters: int = option(50, "batches per split in each evaluation")
-    log_interval: int = option(10, "write a metrics row every this many iterations")
+    eval_interval: int = option(400, "evaluate train/val loss and checkpoint every this many iterations",
+                                valid=Range(0, low_open=True))
+    eval_iters: int = option(50, "batches per split in each evaluation", valid=Range(0, low_open=True))
+    log_interval: int = option(10, "write a metrics row every this many iterations",
+                               valid=Range(0, low_open=True))
     diag_interval: int = option(0, "every this many iterations, log per-layer stream RMS, max attention "
                                  "logit, token independence, grad norm and update/weight ratio "
-                                 "(babygpt/diagnostics.py); 0 = off")
+                                 "(babygpt/diagnostics.py); 0 = off", valid=Range(0))
     tensorboard: bool = option(False, "also log every metrics row as TensorBoard scalars in out_dir/tensorboard "
                                       "(needs pip install tensorboard; metrics.jsonl stays the record)")
     init_from: Literal["scratch", "resume"] = option("scratch", "resume continues from out_dir/ckpt.pt")
@@ -121,17 +130,10 @@ class TrainConfig(Checked):
 
     def problems(self) -> list[str]:
         """Problems with the training fields (the model's are GPTConfig's own)."""
-        problems = []
-        for name in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
-            if getattr(self, name) <= 0:
-                problems.append(f"{name} must be a positive integer, got {getattr(self, name)}")
-        for name in ("max_iters", "warmup_iters", "diag_interval"):
-            if getattr(self, name) < 0:
-                problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.lr_decay_iters is not None and self.lr_decay_iters < self.warmup_iters:
+        problems = range_problems(self)  # every number key's own declared range
+        if (self.lr_decay_iters is not None and self.warmup_iters >= 0
+                and self.lr_decay_iters < self.warmup_iters):
             problems.append(f"lr_decay_iters ({self.lr_decay_iters}) must be >= warmup_iters ({self.warmup_iters})")
-        if not 0 <= self.seed < 2**32:
-            problems.append(f"seed must be in [0, 2**32), got {self.seed}")
         broken = tracker.missing_problem() if self.tensorboard else None
         if broken:
             problems.append(broken)
@@ -141,15 +143,16 @@ class TrainConfig(Checked):
                             f"which undoes weight decay on them (only the position embedding would decay; nGPT "
                             f"trains without it); set weight_decay 0")
         problems += self.normalization_conflicts()
-        floats = float_problems(self)  # every float key's own declared range
-        return problems + (floats or self.float_pair_problems())  # the pairs are read once both are valid
+        # the rules between float keys are read once each key is in its own range
+        return problems + ([] if range_problems(self, only=float) else self.float_pair_problems())
 
     def normalization_conflicts(self) -> list[str]:
         """What the model's own normalizations would undo or fight: Muon's update under nGPT, which puts
         its matrices back on the unit sphere after every step (GPT.after_step) while Muon sizes the
         update from the matrix's shape (adjust_lr), so part of it would be projected away, and nGPT was
-        tuned with Adam (Loshchilov et al. 2024, arXiv:2410.01131); and QK-Clip wherever a norm sits
-        between W_q, W_k and the logits (GPTConfig.qk_clip_refusal)."""
+        tuned with Adam (Loshchilov et al. 2024, arXiv:2410.01131); an average of nGPT's weights, which is
+        off the sphere; and QK-Clip wherever a norm sits between W_q, W_k and the logits
+        (GPTConfig.qk_clip_refusal)."""
         problems = []
         placement = self.model.placement_class
         if self.optimizer == "muon" and placement is not None and placement.on_sphere:
@@ -157,6 +160,10 @@ class TrainConfig(Checked):
                             f"after every step: Muon's orthogonalized update, sized by the matrix's shape, would "
                             f"be partly projected away, and nGPT's learning rates are AdamW's; set optimizer adamw")
         problems += self.unused_muon_keys() + self.unused_decay_norms()
+        if self.ema_decay > 0 and placement is not None and placement.on_sphere:
+            problems.append(f"ema_decay with norm_placement {self.model.norm_placement}: its matrices live on the unit "
+                            f"sphere, and their average does not (an average of unit vectors is shorter), so the "
+                            f"averaged model would not be the placement's; set ema_decay 0")
         refusal = self.model.qk_clip_refusal() if self.qk_clip_tau > 0 else None
         if refusal is not None:
             problems.append(f"qk_clip_tau {self.qk_clip_tau:g}: {refusal}")
@@ -270,8 +277,7 @@ def set_problems(specs: list[str]) -> list[str]:
             except ValueError as e:
                 problems.append(f"--set {spec}: {e}")
                 continue
-            valid = FIELDS[key].valid
-            problem = valid.problem(key, value) if valid is not None and value is not None else None
+            problem = FIELDS[key].range_problem(value)
             if problem:
                 problems.append(f"--set {spec}: {problem}")
     return problems + [f"--set {key} is given {len(given)} times ({', '.join(given)}); set each key once"
@@ -301,11 +307,16 @@ def read_config_file(path: str) -> dict:
         where = f" at line {e.lineno}: {e.msg}" if getattr(e, "lineno", None) else f": {getattr(e, 'msg', e)}"
         raise BabyGPTError(f"config file '{path}' has a syntax error{where}") from None
     try:
-        with no_process_exit(), _interrupts_noted() as interrupted:
+        # Run as foreign code: a call that would end or signal the process (os._exit(), os.kill(), an exit
+        # handler) is stopped, and process-wide state it changed (sys.stderr, builtins, signal handlers,
+        # ...) is put back before the file is refused, so nothing it did outlives it.
+        with _interrupts_noted() as interrupted, foreign_code():  # (inside: it puts builtins back first)
             exec(code, namespace)
     except (SystemExit, ProcessExit) as e:  # exit(), sys.exit() or os._exit() must not end the program silently
         raise BabyGPTError(f"config file '{path}' called {getattr(e, 'call', 'exit()')}; a config file only assigns "
                            f"keys") from None
+    except StateChanged as e:
+        raise BabyGPTError(f"config file '{path}' {e}; a config file only assigns keys") from None
     except KeyboardInterrupt:
         if interrupted:  # a real Ctrl-C while the file ran: the command is interrupted, as anywhere else
             raise
@@ -391,8 +402,9 @@ def parse_train_args(argv: list[str], extra: dict[str, Option] | None = None,
 
 def build_config(values: dict) -> tuple[TrainConfig, list[str]]:
     """A TrainConfig from flat key values, and every problem with it: the model's (GPTConfig's
-    checks), the training fields' (TrainConfig's), and what this machine cannot run. Keys with
-    problems keep their defaults in the returned config."""
+    checks), the training fields' (TrainConfig's), and what this machine cannot run. Where the
+    model's or the training fields' checks fail, the returned config has the defaults in their place
+    (a stand-in: it is never run)."""
     problems = []
     try:
         model = GPTConfig(**{k: v for k, v in values.items() if k in MODEL_FIELDS})
@@ -403,7 +415,9 @@ def build_config(values: dict) -> tuple[TrainConfig, list[str]]:
         cfg = TrainConfig(model=model, **{k: v for k, v in values.items() if k in TRAIN_FIELDS})
     except BabyGPTError as e:
         problems += e.problems
-        cfg = TrainConfig(model=model)
+        # The stand-in is the defaults' whole config: TrainConfig(model=model) could itself be refused
+        # (nGPT's model with the default weight_decay), hiding the problems just found behind a false one.
+        cfg = TrainConfig(model=GPTConfig())
     # The machine check reads the values asked for: cfg has defaults where a training field failed.
     device, dtype = (values.get(k, TRAIN_FIELDS[k].default) for k in ("device", "dtype"))
     try:

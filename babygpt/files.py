@@ -120,6 +120,7 @@ def atomic_open(path: str):
     """
     directory = os.path.dirname(os.path.abspath(path))
     try:  # the name is capped so that a long file name still leaves room for the prefix
+        before = os.stat(directory)  # (its times, put back if the write fails: the temporary file changed them)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix="-" + os.path.basename(path)[:100])
     except OSError as e:
         raise user_error(e, path) from None
@@ -141,6 +142,7 @@ def atomic_open(path: str):
     except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
+            _put_back_times(directory, before)
         failure = write_failure(e, watched)
         if failure is None:
             raise
@@ -151,6 +153,15 @@ def atomic_open(path: str):
             raise user_error(failure, path, note, original=e) from None
         raise BabyGPTError(f"writing '{path}' failed: {failure}; free some disk space, or choose a location on "
                            f"another disk{note}") from None
+
+
+def _put_back_times(directory: str, before: os.stat_result) -> None:
+    """Give ``directory`` its access and modification times of ``before`` again (a failed write made
+    and removed a file there, and left nothing else), as far as the filesystem lets us."""
+    try:
+        os.utime(directory, ns=(before.st_atime_ns, before.st_mtime_ns))
+    except OSError:
+        pass  # (a read-only or foreign directory: the failure's own message matters more)
 
 
 def user_error(e: OSError, path: str, note: str = "", original: BaseException | None = None) -> BaseException:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from .errors import Checked, unknown_choice
 from .init import init_parts, init_weights
 from .norms import ALPHA_INIT_RANGE, EPS_RANGE, NORMS, Norm, NormOptions, norm_class, qk_norm_refusal
-from .options import Range, float_problems, option
+from .options import Range, option, range_problems
 from .placements import DEFAULT as DEFAULT_PLACEMENT, PLACEMENTS as PLACEMENT_CLASSES
 from .placements import Gate, Scale, make_norm, sphere
 
@@ -44,11 +44,12 @@ class GPTConfig(Checked):
     """The model's hyperparameters, declared only here: the training config holds one and
     reads each field's type and help text from this class."""
 
-    vocab_size: int = option(65, "set from the data's vocabulary")
-    block_size: int = option(64, "context length in characters")
-    n_layer: int = option(4, "number of transformer blocks")
-    n_head: int = option(4, "attention heads per block (must divide n_embd)")
-    n_embd: int = option(128, "model width")
+    vocab_size: int = option(65, "set from the data's vocabulary", valid=Range(0, low_open=True))
+    block_size: int = option(64, "context length in characters", valid=Range(0, low_open=True))
+    n_layer: int = option(4, "number of transformer blocks", valid=Range(0, low_open=True))
+    n_head: int = option(4, "attention heads per block (must divide n_embd)",
+                         valid=Range(0, low_open=True))
+    n_embd: int = option(128, "model width", valid=Range(0, low_open=True))
     dropout: float = option(0.0, "dropout probability", valid=Range(0, 1, high_open=True))
     bias: bool = option(True, "biases in Linear layers, and beta in LayerNorm, DyT and BatchNorm")
     norm_type: str = option("rmsnorm", "one of: " + ", ".join(NORMS))
@@ -135,15 +136,11 @@ class GPTConfig(Checked):
 
     def problems(self) -> list[str]:
         """Every problem with these fields, one message each, so that all are reported at once."""
-        problems = []
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                problems.append(f"{name} must be a positive integer, got {value!r}")
+        problems = range_problems(self, only=int)  # every number key's own declared range
         if (isinstance(self.n_embd, int) and isinstance(self.n_head, int) and self.n_head > 0
                 and self.n_embd > 0 and self.n_embd % self.n_head != 0):
             problems.append(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        problems += float_problems(self)
+        problems += range_problems(self, only=float)
         if self.norm_type not in NORMS:
             problems.append(unknown_choice("norm_type", self.norm_type, NORMS))
         if self.norm_placement not in PLACEMENTS:

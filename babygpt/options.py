@@ -12,7 +12,10 @@ text); ``parse`` reads them the same way in train.py, sample.py, bench.py, exper
 Values are converted by the field's type (int, float, bool, str, a Literal's choices, Optional,
 ``list[str]`` for an option that may be repeated); an unknown name gets a close-match suggestion;
 an empty value (``--key=``) and an option that is not repeatable given twice are refused; every
-problem found is reported together, in one BabyGPTError.
+problem found is reported together, in one BabyGPTError. An option declared with a metavar that ends
+in ``,...`` (``option(None, ..., metavar="LR,...")``) takes a comma-separated list, and an empty entry
+in it (``--lrs=1e-3,,3e-3``, ``--reuse ,``) is refused as well: it would be dropped, or read as a
+value nobody gave.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ def option(default: Any = MISSING, help: str = "", *, positional: bool = False, 
            valid: "Range | None" = None):
     """A dataclass field that is a command-line option. No default: the option is required.
     A list default becomes a fresh list per instance (an option that may be given repeatedly).
-    ``valid``: the values a float option accepts (see Range and float_problems)."""
+    ``valid``: the values a number option accepts (see Range and range_problems): every float option
+    declares one, an int option where it has a range."""
     meta = {"help": help, "positional": positional, "metavar": metavar, "valid": valid}
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata=meta)
@@ -60,11 +64,17 @@ class Option:
     help: str
     positional: bool = False
     metavar: str = ""
-    valid: "Range | None" = None  # a float option's declared range
+    valid: "Range | None" = None  # a number option's declared range
 
     @property
     def required(self) -> bool:
         return self.default is MISSING
+
+    def range_problem(self, value) -> str | None:
+        """Why ``value`` is outside this option's declared range, or None (no range declared, or None)."""
+        if self.valid is None or value is None:
+            return None
+        return self.valid.problem(self.name, value, integer=_base(self.type) is int)
 
     @property
     def is_flag(self) -> bool:
@@ -73,6 +83,11 @@ class Option:
     @property
     def repeats(self) -> bool:
         return typing.get_origin(self.type) is list
+
+    @property
+    def comma_separated(self) -> bool:
+        """The option takes a comma-separated list: its metavar says so (``DIR,...``)."""
+        return self.metavar.endswith(",...")
 
 
 def options_of(cls, exclude: tuple[str, ...] = ()) -> dict[str, Option]:
@@ -184,7 +199,7 @@ FLOAT32_TINY = 1.1754943508222875e-38
 @dataclass(frozen=True)
 class Range:
     """The values a float option accepts, declared once with it (``option(..., valid=Range(0, 1))``)
-    and checked by ``float_problems``: finite, from ``low`` to ``high`` (each end open or closed),
+    and checked by ``range_problems``: finite, from ``low`` to ``high`` (each end open or closed),
     and representable in float32. Every float key ends up in float32 (the weights, the optimizer's
     state, the norms' arithmetic): beyond float32's largest number a value becomes inf there, and a
     nonzero value below its smallest normal number is flushed to 0 (as GPUs and flush-to-zero CPUs
@@ -195,9 +210,14 @@ class Range:
     low_open: bool = False
     high_open: bool = False
     why: str = ""  # appended to the out-of-range message: why the range is what it is
+    text: str = ""  # the range in words, where the numbers would read badly ("in [0, 2**32)")
 
-    def describe(self) -> str:
+    def describe(self, integer: bool = False) -> str:
         """"positive", ">= 0", "in [0, 1)": the range as a message states it."""
+        if self.text:
+            return self.text
+        if integer and (self.low, self.low_open, self.high) == (0, True, math.inf):
+            return "a positive integer"
         if self.high == math.inf:
             if self.low == 0:
                 return "positive" if self.low_open else ">= 0"
@@ -208,8 +228,12 @@ class Range:
         above_low = value > self.low or (value == self.low and not self.low_open)
         return above_low and (value < self.high or (value == self.high and not self.high_open))
 
-    def problem(self, name: str, value) -> str | None:
-        """Why ``value`` cannot be option ``name``'s, or None."""
+    def problem(self, name: str, value, integer: bool = False) -> str | None:
+        """Why ``value`` cannot be option ``name``'s (an int option's where ``integer``), or None."""
+        if integer:
+            if isinstance(value, bool) or not isinstance(value, int):
+                return f"{name} must be an integer, got {value!r}"
+            return None if self.contains(value) else f"{name} must be {self.describe(True)}, got {value!r}{self.why}"
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return f"{name} must be a number, got {value!r}"
         if not math.isfinite(value):
@@ -226,20 +250,22 @@ class Range:
         return None
 
 
-def float_problems(obj) -> list[str]:
-    """The one check of every float option of dataclass ``obj`` (a float or an Optional float; None
-    passes): its declared Range. A float option declared without one is a bug in the declaration
-    (TypeError), so that no float key can escape the rule."""
+def range_problems(obj, only: type | None = None) -> list[str]:
+    """The one check of every number option of dataclass ``obj`` against its declared Range: each
+    float option (or Optional float; None passes) must declare one, and a float option declared
+    without one is a bug in the declaration (TypeError), so that no float key can escape the rule;
+    an int option is checked where it declares one. ``only``: int or float, the options of that type alone."""
     hints = typing.get_type_hints(type(obj))
     problems = []
     for f in dataclasses.fields(obj):
-        if _base(hints[f.name]) is not float:
-            continue
-        valid = f.metadata.get("valid")
-        if valid is None:
+        kind, valid = _base(hints[f.name]), f.metadata.get("valid")
+        if kind is float and valid is None:
             raise TypeError(f"float option {type(obj).__name__}.{f.name} declares no valid=Range(...)")
+        if kind not in (int, float) or valid is None or only not in (None, kind):
+            continue
         value = getattr(obj, f.name)
-        problem = None if value is None and _base(hints[f.name]) != hints[f.name] else valid.problem(f.name, value)
+        optional = _base(hints[f.name]) != hints[f.name]
+        problem = None if value is None and optional else valid.problem(f.name, value, integer=kind is int)
         if problem:
             problems.append(problem)
     return problems
@@ -306,6 +332,10 @@ def parse(argv: list[str], options: dict[str, Option], usage: str, *, kind: str 
             continue
         if not opt.repeats:
             given.setdefault(key, []).append(text)
+        empty = empty_entry_problems(f"--{key}", text) if opt.comma_separated else []
+        if empty:
+            problems += empty
+            continue
         try:
             value = convert(key, opt.type, text, from_cli=True)
         except ValueError as e:
@@ -320,6 +350,15 @@ def parse(argv: list[str], options: dict[str, Option], usage: str, *, kind: str 
             what = f"--{opt.name}" if not opt.positional else (opt.metavar or opt.name.upper())
             problems.append(f"{what} is required; usage: {usage}")
     return values, problems
+
+
+def empty_entry_problems(name: str, text: str) -> list[str]:
+    """An empty (or blank) entry of comma-separated list ``text`` given to ``name`` (``1,,2``, ``,``,
+    ``a,``): dropped, it would leave a list shorter than it reads, and read, a value nobody gave."""
+    if all(entry.strip() for entry in text.split(",")):
+        return []
+    return [f"{name} has an empty entry in {text!r}; give its comma-separated values with none empty or blank "
+            f"(no comma doubled or at either end)"]
 
 
 def _take_positional(arg: str, positional: list[Option], values: dict, problems: list[str], usage: str):

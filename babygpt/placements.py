@@ -111,12 +111,20 @@ class Placement:
     # Why a norm_type that is the identity (none) leaves this placement meaningless, or "" if it does
     # not (Admin profiles omega from the variance its norms take away: without them omega collapses).
     needs_a_norm: ClassVar[str] = ""
+    # Does it differ from Pre-LN only in where its norms sit? Then with a norm_type that is the identity
+    # it is Pre-LN's model exactly (same parameters, same outputs), and a run of it would claim a
+    # placement it does not have: refused (tests/test_used_or_refused.py checks both directions).
+    only_moves_norms: ClassVar[bool] = False
+    # Is ln1 the identity whatever norm_type (HybridNorm: its attention normalizes q, k and v instead)?
+    ln1_is_identity: ClassVar[bool] = False
 
     def for_block(self, cfg, index: int) -> "Placement":
         """The placement block ``index`` (0 first) gets; itself unless it varies with depth."""
         return self
 
     def make_ln1(self, cfg) -> Norm:
+        if self.ln1_is_identity:
+            return make_norm(cfg, cfg.n_embd, "none")
         return make_norm(cfg, cfg.n_embd, alpha_init=attention_norm_alpha(cfg))  # alpha_init: DyT only
 
     def build(self, block: nn.Module, cfg, index: int) -> None:
@@ -148,6 +156,15 @@ class Placement:
         if self.needs_a_norm and cfg.norm_type in NORMS and norm_class(NORMS[cfg.norm_type]).is_identity:
             problems.append(f"norm_placement {cfg.norm_placement} with norm_type {cfg.norm_type}: "
                             f"{self.needs_a_norm}; choose a norm_type that normalizes")
+        if self.only_moves_norms and cfg.norm_type in NORMS and norm_class(NORMS[cfg.norm_type]).is_identity:
+            problems.append(f"norm_placement {cfg.norm_placement} with norm_type {cfg.norm_type} is norm_placement "
+                            f"pre's model exactly (the placement only moves norms, and these are the identity); "
+                            f"use norm_placement pre, or a norm_type that normalizes")
+        if cfg.dyt_alpha_init_attn is not None and all(self.for_block(cfg, i).ln1_is_identity
+                                                       for i in range(max(cfg.n_layer, 1))):
+            problems.append(f"dyt_alpha_init_attn sets the alpha of ln1, the norm before attention, which is the "
+                            f"identity under norm_placement {cfg.norm_placement} (its attention normalizes q, k "
+                            f"and v itself); leave dyt_alpha_init_attn unset")
         if self.owns_depth_init and cfg.init_depth_factor is not None:
             problems.append(f"init_depth_factor does not apply to norm_placement {cfg.norm_placement} (its own "
                             f"init scales with depth); leave init_depth_factor unset")
@@ -213,6 +230,7 @@ class PostLN(Placement):
 
     name = "post"
     final_norm = False
+    only_moves_norms = True
 
     def build(self, block, cfg, index):
         block.residual_scale = self.residual_scale(cfg)
@@ -237,6 +255,7 @@ class DeepNorm(PostLN):
     """
 
     name = "deepnorm"
+    only_moves_norms = False  # its residual weight alpha stays
     owns_depth_init = True
 
     def residual_scale(self, cfg) -> float:
@@ -287,6 +306,7 @@ class Admin(PostLN):
     """
 
     name = "admin"
+    only_moves_norms = False  # its omega stays (and it needs a norm anyway)
     profiles = True
     needs_a_norm = ("Admin sets omega from the variance each residual add's norm takes away, and without a norm "
                     "the stream is never renormalized, so omega collapses towards zero")
@@ -324,6 +344,7 @@ class Sandwich(Placement):
     """
 
     name = "sandwich"
+    only_moves_norms = True
 
     def build(self, block, cfg, index):
         block.ln1_out = make_norm(cfg, cfg.n_embd)
@@ -348,6 +369,7 @@ class OutputNorm(Placement):
     """
 
     name = "output"
+    only_moves_norms = True
 
     def forward(self, block, x, cache, layer):
         x = x + block.drop(block.ln1(block.sa(x, cache, layer)))
@@ -368,6 +390,7 @@ class MixLN(Placement):
     """
 
     name = "mixln"
+    only_moves_norms = True
     reads = ("mixln_alpha",)
 
     def for_block(self, cfg, index):
@@ -407,9 +430,7 @@ class HybridNorm(Placement):
 
     name = "hybrid"
     normalizes_qkv = True
-
-    def make_ln1(self, cfg):
-        return make_norm(cfg, cfg.n_embd, "none")
+    ln1_is_identity = True
 
     def forward(self, block, x, cache, layer):
         x = block.ln2(x + block.drop(block.sa(block.ln1(x), cache, layer)))
@@ -437,9 +458,7 @@ class HybridNormFirst(HybridNorm):
     """
 
     name = "hybrid_first"
-
-    def make_ln1(self, cfg):
-        return Placement.make_ln1(self, cfg)
+    ln1_is_identity = False
 
     def forward(self, block, x, cache, layer):
         x = x + block.drop(block.sa(block.ln1(x), cache, layer))
@@ -467,6 +486,7 @@ class PrePost(Placement):
 
     name = "prepost"
     final_norm = False
+    only_moves_norms = True
 
     def build(self, block, cfg, index):
         block.ln1_post = make_norm(cfg, cfg.n_embd)

@@ -28,6 +28,10 @@ def drawable_problem(run: dict, keys: tuple[str, ...]) -> str | None:
     if any(isinstance(r.get(k), (int, float)) and math.isfinite(r[k]) for r in run["metrics"] for k in keys):
         return None
     if not run["metrics"]:
+        metrics = os.path.join(run["dir"], "metrics.jsonl")
+        if os.path.isfile(metrics) and os.path.getsize(metrics) > 0:  # one unterminated line, dropped as cut short
+            return (f"nothing to plot for '{run['dir']}': its metrics.jsonl holds no complete metrics row (its one "
+                    f"line is not one: damaged, or cut short by a kill); repair or delete that line")
         return f"nothing to plot for '{run['dir']}': its metrics.jsonl has no rows; train it past its first log"
     return (f"nothing to plot for '{run['dir']}': its metrics.jsonl has no finite {' or '.join(keys)} (all "
             f"missing or NaN: the run diverged before its first finite value); leave it out")

@@ -92,34 +92,80 @@ def read_summary(path: str) -> dict | None:
 class RunLock:
     """An exclusive, non-blocking flock on ``<directory>/.lock``. The lock belongs to the open
     file: it ends when the process exits however it ends, so a killed run never leaves it stuck.
-    The file is created once and never written (a refused process changes nothing on disk), nor
-    deleted (that would race with a new owner); the holder's pid is read from /proc/locks."""
+    The file is never written, and a holder that was refused after taking it (``undo``) deletes what
+    it made, so a refused process changes nothing on disk. Whoever takes the lock checks that the
+    file it locked is still the one at the path, so that a deletion never lets two processes hold it;
+    the holder's pid is read from /proc/locks."""
 
     NAME = ".lock"
+    TRIES = 10  # takes after which a lock file deleted under us each time is an error
 
     def __init__(self, directory: str, name: str = NAME):
         # (a sweep also uses this for its claims on runs and its shards' records: babygpt.scaleout)
         self.directory, self.path = directory, os.path.join(directory, name)
         self._fd: int | None = None
+        self._made = None  # what acquire found: (anchor, its names and stat, the directory's names or None, had a lock)
 
     def acquire(self) -> int | None:
         """Take the lock, creating the directory if needed; None once held, or the holder's pid
         (0 if unknown) if another process has it."""
         if fcntl is None:
             return None
+        for _ in range(self.TRIES):
+            try:
+                self._made = self._made or self._found()
+                os.makedirs(self.directory, exist_ok=True)
+                fd = self._open(os.O_CREAT)
+            except OSError as e:
+                raise user_error(e, self.directory) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                os.close(fd)
+                _raise_if_unsupported(e, self.directory)
+                return _flock_holder(self.path)  # held through another open file
+            if self._still_at_path(fd):
+                self._fd = fd
+                return None
+            os.close(fd)  # the holder before us deleted it as we opened it: take the new one
+        raise BabyGPTError(f"{self.path} was deleted each of {self.TRIES} times this process locked it; "
+                           f"stop whatever deletes it, then run the command again")
+
+    def _found(self) -> tuple:
+        """What is there before acquire creates anything, for ``undo``."""
+        anchor = existing_ancestor(self.directory)
+        own = sorted(os.listdir(self.directory)) if os.path.isdir(self.directory) else None
+        return anchor, sorted(os.listdir(anchor)), os.stat(anchor), own, os.path.lexists(self.path)
+
+    def _still_at_path(self, fd: int) -> bool:
         try:
-            os.makedirs(self.directory, exist_ok=True)
-            fd = self._open(os.O_CREAT)
-        except OSError as e:
-            raise user_error(e, self.directory) from None
+            there = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        here = os.fstat(fd)
+        return (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino)
+
+    def undo(self) -> None:
+        """For a holder refused before it wrote anything: delete the lock file and the directories
+        that acquire created, and put back the modification time of the directory they were made in,
+        while still holding the lock. Where anything else appeared meanwhile, all is left as it is."""
+        if self._fd is None or self._made is None:
+            return
+        anchor, anchor_names, anchor_stat, own, had_lock = self._made
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            os.close(fd)
-            _raise_if_unsupported(e, self.directory)
-            return _flock_holder(self.path)  # held through another open file
-        self._fd = fd
-        return None
+            now = sorted(os.listdir(self.directory))
+            if had_lock or now != sorted((own or []) + [self.NAME]):
+                return
+            os.unlink(self.path)
+            if own is None:  # created here, with any parents below anchor
+                directory = os.path.abspath(self.directory)
+                while directory != anchor:
+                    os.rmdir(directory)
+                    directory = os.path.dirname(directory)
+            if sorted(os.listdir(anchor)) == anchor_names:
+                os.utime(anchor, ns=(anchor_stat.st_atime_ns, anchor_stat.st_mtime_ns))
+        except OSError:
+            return  # (best effort: a refusal's own message matters more than this clean-up)
 
     def _open(self, flags: int = 0) -> int:
         """A descriptor of the lock file; never blocks (a FIFO put in its place would wait for a
@@ -140,7 +186,10 @@ class RunLock:
         """The pid holding the lock now (0 if unknown), without taking it; None if it is free."""
         if fcntl is None or not os.path.exists(self.path):
             return None
-        fd = self._open()
+        try:
+            fd = self._open()
+        except FileNotFoundError:  # deleted by a holder refused just now (undo)
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # granted only if nobody holds it exclusively
             return None
@@ -206,6 +255,9 @@ def owned(directory: str, dist, device: torch.device):
         raise BabyGPTError(in_use_message(directory, holder))
     try:
         yield
+    except BabyGPTError:  # refused: leave the directory as it was found
+        lock.undo()
+        raise
     finally:
         lock.release()
 

@@ -140,8 +140,7 @@ def settings_problem(settings: dict) -> str | None:
             value = convert_setting(key, value, from_cli=False)
         except ValueError as e:
             return str(e)
-        valid = FIELDS[key].valid
-        problem = valid.problem(key, value) if valid is not None and value is not None else None
+        problem = FIELDS[key].range_problem(value)
         if problem:
             return problem
         if key in CHOICES and value not in CHOICES[key]:
@@ -155,7 +154,8 @@ def _is_number(value) -> bool:
 
 def summary_fields_problem(summary: dict) -> str | None:
     """The first field of ``summary`` (a summary.json that state.summary_problems accepts) of a kind
-    no run writes, or None: a loss (``*_loss``) or a time in seconds (``*_s``) that is not a finite
+    no run writes, or None: a loss (``*_loss``, or ``*_loss_ema``: the weights' average's) or a time in
+    seconds (``*_s``) that is not a finite
     number >= 0, or n-gram floors (``references*``) that are not a table of losses. Null is a value
     a run writes (a loss that was not finite, floors it could not compute)."""
     for key, value in summary.items():
@@ -163,7 +163,7 @@ def summary_fields_problem(summary: dict) -> str | None:
             continue
         if key.startswith("references"):
             ok, want = isinstance(value, dict) and all(map(_is_number, value.values())), "a table of n-gram losses"
-        elif key.endswith(("_loss", "_s")):
+        elif key.endswith(("_loss", "_loss_ema", "_s")):
             ok, want = _is_number(value) and value >= 0, "a finite number >= 0"
         else:
             continue
@@ -174,8 +174,11 @@ def summary_fields_problem(summary: dict) -> str | None:
 
 def metrics_problem(rows: list[dict]) -> str | None:
     """The first value of the metrics ``rows`` of a kind no run writes, or None: each is a number
-    (null where it was not finite) or, for the diagnostics, a list of them (per block, per head)."""
+    (null where it was not finite) or, for the diagnostics, a list of them (per block, per head);
+    ``iter`` is a step, 0 or more."""
     for row in rows:
+        if row.get("iter", 0) < 0:  # (rundir.metrics_rows keeps only rows whose iter is an int)
+            return f"its row at iter {row['iter']} has a negative iter, which no run logs"
         for key, value in row.items():
             if not _is_metric(value):
                 return f"its row at iter {row.get('iter')} has {key} {_brief(value)}, not a number"

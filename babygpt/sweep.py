@@ -32,7 +32,7 @@ from . import launcher
 from .errors import BabyGPTError, Interrupted
 from .experimentdir import SETTINGS_FILE, made_by
 from .launcher import PreloadedLauncher
-from .options import option, parse_into
+from .options import empty_entry_problems, option, parse_into
 from .rundir import RunLock, latest_config
 from .runstore import RunStore
 from .runtime import machine, machine_label, resolve_device, same_kind
@@ -355,10 +355,15 @@ def shard_done_message(sweep: Sweep) -> str:
             f"shard has, write the tables: the same command with --collect in place of --shard {sweep.shard}")
 
 
+# The keys a sweep sets for every run itself, and what sets them: a --set or --grid of one would be
+# silently replaced (a --grid seed=1,2 would train every run at --seeds' 0).
+SWEEP_OWN = {"seed": "--seeds", "out_dir": "--out", "init_from": "the sweep"}
+
+
 def ignored_set_problems(sets: list[str], runs: list[Run]) -> list[str]:
     """Problems for --set KEY=VALUE options whose key every run sets itself (the seed, the run
     directory, or a grid axis): they would be silently replaced."""
-    own = {"seed": "--seeds", "out_dir": "--out", "init_from": "the sweep"}
+    own = dict(SWEEP_OWN)
     for run in runs:
         own.update({key: "the sweep's own grid" for key in run.overrides})
     keys = dict.fromkeys(s.partition("=")[0] for s in sets)
@@ -395,7 +400,7 @@ class SweepGrid:
     config: Optional[str] = option(None, "config file applied to every run", positional=True, metavar="CONFIG.py")
     grid: list[str] = option([], "one grid axis, KEY=V1,V2,... (repeatable)")
     set: list[str] = option([], "KEY=VALUE fixed for every run (repeatable)")
-    seeds: str = option("0", "comma-separated seeds")
+    seeds: str = option("0", "comma-separated seeds", metavar="SEED,...")
     jobs: int = option(1, "runs in parallel")
     out: str = option("results/sweep", "sweep directory")
 
@@ -408,11 +413,17 @@ class SweepGrid:
         return [int(s) for s in self.seeds.split(",")]
 
     def problems(self) -> list[str]:
-        problems = [f"malformed --grid '{spec}'; write --grid key=value1,value2"
-                    for spec in self.grid if not spec.partition("=")[2]]
-        keys = [spec.partition("=")[0] for spec in self.grid]
+        specs = [spec.partition("=") for spec in self.grid]
+        problems = [f"malformed --grid '{key}{eq}{values}'; write --grid key=value1,value2"
+                    for key, eq, values in specs if not (key and values)]
+        problems += [p for key, _, values in specs if key and values
+                     for p in empty_entry_problems(f"--grid {key}", values)]
+        keys = [key for key, _, _ in specs]
         problems += [f"--grid {key} is given {keys.count(key)} times; list all its values in one --grid {key}=..."
                      for key in dict.fromkeys(keys) if keys.count(key) > 1]
+        problems += [f"--grid {key} has no effect: each run's {key} is set by {SWEEP_OWN[key]}"
+                     + ("; list the seeds there instead, e.g. --seeds 0,1,2" if key == "seed" else "; drop it")
+                     for key in dict.fromkeys(keys) if key in SWEEP_OWN]
         if not all(_is_int(s) for s in self.seeds.split(",")):
             problems.append(f"--seeds must be comma-separated integers, got '{self.seeds}'")
         if self.jobs < 1:

@@ -26,7 +26,8 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from . import distributed
-from .checkpoint import pack_training_state, restore_rng, resume_training_state, save_checkpoint
+from .averaging import WeightAverage
+from .checkpoint import FIXED_AT_START, pack_training_state, restore_rng, resume_training_state, save_checkpoint
 from .config import TrainConfig, changed_settings, to_dict, with_resolved_dtype
 from .errors import BabyGPTError
 from .data import BatchSampler, CharTokenizer, load_dataset, tune_and_test
@@ -418,6 +419,7 @@ class Trainer:
         if cfg.init_from == "scratch":  # a resume restores what profiling set
             profile_init(self.model, self.splits["train"], cfg, self.device)
         self.optimizer = build_optimizer(self.model, cfg, fused=self.device.type == "cuda")
+        self.average = WeightAverage(self.model, cfg.ema_decay) if cfg.ema_decay > 0 else None
         if cfg.qk_clip_tau > 0:  # QK-Clip reads each head's largest logit of the step's training forwards
             self.model.track_max_logits(True)
         # Loss scaling is needed only for float16 (its narrow exponent range underflows small gradients).
@@ -439,7 +441,8 @@ class Trainer:
         self.state.elapsed_s = self._elapsed()
         ckpt = pack_training_state(self.model, self.optimizer, self.scaler, self.state, self.dist, self.device,
                                    config=to_dict(self.cfg), model_config=dataclasses.asdict(self.model_cfg),
-                                   vocab=self.tok.chars)  # on every rank (it may gather); written by rank 0
+                                   vocab=self.tok.chars,  # on every rank (it may gather); written by rank 0
+                                   **({"ema": self.average.state_dict()} if self.average else {}))
         if self.main:
             for path in paths:
                 save_checkpoint(ckpt, path)
@@ -477,7 +480,8 @@ class Trainer:
                                f"directory; move it aside (nothing was changed)")
         if cfg.init_from == "resume":
             resume_training_state(self.run_dir.ckpt, self.model_cfg, self.tok.chars, self.model, self.optimizer,
-                                  self.scaler, self.state, self.dist, cfg.optimizer)
+                                  self.scaler, self.state, self.dist, {k: getattr(cfg, k) for k in FIXED_AT_START},
+                                  self.average)
             if self.state.iter >= cfg.max_iters or self._reached_target():  # e.g. killed after its last checkpoint
                 return self._complete()
         resumed_at = self.state.iter if cfg.init_from == "resume" else None
@@ -512,6 +516,8 @@ class Trainer:
         final = {}
         if status == "finished":
             final = final_evaluation(self.net, self.splits, self.tok.vocab_size, self.cfg, self.device, self.dist)
+            if self.average is not None:
+                final.update(self._averaged_evaluation())
             if self.state.skipped_out(final["val_loss_full"]):
                 status = "skipped_out"
             elif is_collapsed(final["val_loss_full"], final["references"]):
@@ -524,6 +530,12 @@ class Trainer:
             summary["world_size"] = self.dist.world_size
         self.run_dir.write_summary(summary)
         return summary
+
+    def _averaged_evaluation(self) -> dict:
+        """The final evaluation's losses of the weights' average (ema_decay), as ``<name>_ema``."""
+        with self.average.swapped_in(self.model):
+            final = final_evaluation(self.net, self.splits, self.tok.vocab_size, self.cfg, self.device, self.dist)
+        return {f"{k}_ema": final[k] for k in ("val_loss_full", "tune_loss", "test_loss")}
 
     def _complete(self) -> dict:
         """A resume with nothing left to train: the finished run's files stay as they are (only a
@@ -592,7 +604,10 @@ class Trainer:
     def step(self, lr: float, hook: StepHook = NO_HOOK) -> torch.Tensor:
         """One optimizer step at ``lr`` (step.OptimizerStep); returns the step's mean loss, detached
         and left on the device. bench.py times this."""
-        return self._step(lr, hook)
+        loss = self._step(lr, hook)
+        if self.average is not None:
+            self.average.update(self.model)
+        return loss
 
     def _evaluate_and_checkpoint(self, row: dict) -> bool:
         """Evaluate, log ``row`` with the eval losses, then checkpoint. Returns False if the

@@ -90,12 +90,16 @@ class TrainingOptions(ScaleOutOptions, DataOptions):
 def parse(cls, argv: list[str], name: str, doc: str):
     """An instance of options dataclass ``cls`` read from ``argv``, checked before anything is
     written; ``doc`` is the script's docstring, whose first line is the --help description. An
-    option given an empty value (``--lrs=``) is refused: it would otherwise read as "not given"."""
+    option given an empty value (``--lrs=``) is refused: it would otherwise read as "not given";
+    so is --publish with --out, where --out names the directory and --publish would do nothing."""
     args = parse_into(cls, argv, f"python experiments/{name}.py [--key=value ...]", doc.splitlines()[0])
-    empty = [f"--{f.name} is empty; give it a value, or leave it out for its default"
-             for f in dataclasses.fields(args) if getattr(args, f.name) == ""]
-    if empty:
-        raise BabyGPTError(*empty)
+    problems = [f"--{f.name} is empty; give it a value, or leave it out for its default"
+                for f in dataclasses.fields(args) if getattr(args, f.name) == ""]
+    if args.publish and args.out is not None:  # (output_path: --out wins, so --publish would do nothing)
+        problems.append(f"--publish puts the results under results/ in place of out/, but --out {args.out!r} names "
+                        f"the directory itself; pass one of them")
+    if problems:
+        raise BabyGPTError(*problems)
     return args
 
 
@@ -103,7 +107,7 @@ def placements_option(default: str):
     """The --placements option of the experiments that place one norm_type's norms: its help lists
     every registered placement placement_problems accepts (one that builds norm layers)."""
     accepted = [pl for pl in PLACEMENTS if PLACEMENT_CLASSES[pl].uses_norm_type]
-    return option(default, "comma-separated norm placements, among " + ",".join(accepted))
+    return option(default, "comma-separated norm placements, among " + ",".join(accepted), metavar="PLACEMENT,...")
 
 
 def placement_problems(text: str) -> list[str]:
@@ -515,6 +519,7 @@ def initial_loss(run_dir: str) -> float:
 
 
 MAX_SECONDS = 3600  # an experiment whose estimated compute exceeds this is refused: its defaults take minutes
+SAY_SECONDS = 30  # an experiment whose estimate exceeds this says so before it starts (as train.py's deep builds do)
 
 
 def seconds_by_depth(run_at, clock=time.perf_counter) -> tuple[float, float]:
@@ -535,23 +540,27 @@ def seconds_by_depth(run_at, clock=time.perf_counter) -> tuple[float, float]:
     return max(times[0] - per_block, 0.0), per_block
 
 
-def size_problems(what: str, needed_bytes: int, seconds, fix: str) -> list[str]:
-    """``what`` refused, with the figure, when it needs more memory than is free, or an estimated
+def check_size(what: str, needed_bytes: int, seconds, fix: str) -> None:
+    """Refuse ``what``, with the figure, when it needs more memory than is free, or an estimated
     time above MAX_SECONDS (checked before anything is written: a size that would be killed by the
-    OS, or run for hours, is a typo more often than a plan). ``seconds()`` estimates the time; it is
-    called only once the memory fits (it runs a little of the experiment to time it)."""
+    OS, or run for hours, is a typo more often than a plan); an estimate above SAY_SECONDS is said
+    on stderr before the experiment starts, so that minutes of silence are expected.
+    ``seconds()`` estimates the time; it is called only once the memory fits (it runs a little of
+    the experiment to time it)."""
     import torch
 
     from babygpt.memory import memory_problem
 
     problem = memory_problem(needed_bytes, torch.device("cpu"), what, fix)
     if problem:
-        return [problem]
+        raise BabyGPTError(problem)
     estimate = seconds()
     if estimate > MAX_SECONDS:
-        return [f"{what} would take about {estimate / 3600:,.1f} hours on this machine (timed at 1 and 2 blocks "
-                f"now), more than the {MAX_SECONDS // 60} minutes an experiment here allows; {fix}"]
-    return []
+        raise BabyGPTError(f"{what} would take about {estimate / 3600:,.1f} hours on this machine (timed at 1 and 2 "
+                           f"blocks now), more than the {MAX_SECONDS // 60} minutes an experiment here allows; {fix}")
+    if estimate > SAY_SECONDS:
+        print(f"{what} takes about {estimate:,.0f} s here (timed at 1 and 2 blocks now)",
+              file=sys.stderr, flush=True)
 
 
 def read_record(paths, configs) -> dict:

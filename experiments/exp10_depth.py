@@ -45,7 +45,8 @@ NEAR_IDENTITY = 0.01  # nats: a block whose removal costs less than this is one 
 @dataclass
 class Exp10Options(_common.TrainingOptions):
     seed: int = option(1, "the seed of every run")
-    configs: str = option(",".join(CONFIGS), "comma-separated configurations to measure (names of config/*.py)")
+    configs: str = option(",".join(CONFIGS), "comma-separated configurations to measure (names of config/*.py)",
+                         metavar="NAME,...")
 
     def config_names(self) -> list[str]:
         return self.configs.split(",")

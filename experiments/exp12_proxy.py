@@ -42,7 +42,8 @@ CONFIG, LOSS, VERDICT = "configuration", "val loss, mean ± 95% CI", "verdict"
 @dataclass
 class Exp12Options(_common.Options):
     tiers: str = option("results/exp2_norm_comparison,results/full/exp2_gpt2",
-                        "comma-separated directories of experiment 2's reports, shortest budget first")
+                        "comma-separated directories of experiment 2's reports, shortest budget first",
+                        metavar="DIR,...")
 
     def tier_dirs(self) -> list[str]:
         return [t for t in self.tiers.split(",") if t]

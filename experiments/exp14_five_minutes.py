@@ -51,6 +51,9 @@ class Exp14Options(_common.Options):
     def problems(self) -> list[str]:
         problems = [f"--{name}: experiment 14 trains nothing (it reads the finished sweeps under --out); leave it out"
                     for name in ("quick", "overwrite") if getattr(self, name)]
+        if self.publish:  # (root: --out, else the committed directory already)
+            problems.append("--publish: experiment 14 writes into results/modern_5min already (or --out); "
+                            "leave it out")
         return problems + [f"{path!r} not found; check the path" for path in (self.root, self.timings)
                            if not os.path.exists(path)]
 

@@ -37,6 +37,9 @@ class Exp15Options(_common.Options):
     def problems(self) -> list[str]:
         problems = [f"--{name}: experiment 15 trains nothing (it reads the runs under --out); leave it out"
                     for name in ("quick", "overwrite") if getattr(self, name)]
+        if self.publish:  # (root: --out, else the committed directory already)
+            problems.append("--publish: experiment 15 writes into results/gpu/time_to_target already (or --out); "
+                            "leave it out")
         return problems + ([] if os.path.isdir(self.root) else [f"{self.root!r} not found; check the path"])
 
 

@@ -20,7 +20,6 @@ import _common
 import torch
 import torch.nn as nn
 
-from babygpt.errors import BabyGPTError
 from babygpt.files import write_csv
 from babygpt.norms import build_norm
 from babygpt.options import option
@@ -83,12 +82,9 @@ def main(argv):
     exp = _common.begin(Exp1Options, argv, "exp1_gradient_vanishing", __doc__)
     args = exp.args
     width, batch, seeds = (64, 64, 2) if args.quick else (256, 1024, 10)
-    too_big = _common.size_problems(f"experiment 1 at --depth={args.depth} (width {width}, batch {batch})",
-                                    memory_bytes(args.depth, width, batch),
-                                    lambda: seconds(args.depth, width, batch, args.activation) * seeds,
-                                    "lower --depth")
-    if too_big:
-        raise BabyGPTError(*too_big)
+    _common.check_size(f"experiment 1 at --depth={args.depth} (width {width}, batch {batch})",
+                       memory_bytes(args.depth, width, batch),
+                       lambda: seconds(args.depth, width, batch, args.activation) * seeds, "lower --depth")
     out = exp.claim()
 
     results = {}

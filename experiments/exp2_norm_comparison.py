@@ -94,13 +94,14 @@ def centered_grid(lr: float) -> list[float]:
 
 @dataclass
 class Exp2Options(_common.TrainingOptions):
-    configs: Optional[str] = option(None, "comma-separated config files to compare (none: " + ", ".join(CORE) + ")")
+    configs: Optional[str] = option(None, "comma-separated config files to compare (none: " + ", ".join(CORE) + ")",
+                                    metavar="FILE.py,...")
     baseline: Optional[str] = option(None, "the configuration the others are paired with (none: the first)")
     tune_seeds: Optional[int] = option(None, "seeds the LR is tuned on, 0..T-1 (none: 2)")
     seeds: Optional[int] = option(None, "evaluation seeds at the tuned LR, numbered after the tuning seeds "
                                         "(none: 5; quick 2)")
     lrs: Optional[str] = option(None, "the LR grid the search starts from (none: 3e-4,1e-3,3e-3,1e-2,3e-2; "
-                                      "quick 3e-3,3e-2)")
+                                      "quick 3e-3,3e-2)", metavar="LR,...")
     margin: Optional[float] = option(None, "the equivalence margin m in nats, stated before the runs (none: "
                                            f"{EQUIVALENCE_MARGIN:g}, a difference that would matter at this scale)")
     runner_up: Literal["baseline", "all"] = option("baseline", "whose evaluation seeds also run at their runner-up "
@@ -110,11 +111,11 @@ class Exp2Options(_common.TrainingOptions):
                                  "results/beyond/)")
     tuned_from: Optional[str] = option(None, "--full, --beyond: earlier tiers' outputs (comma-separated; the first "
                                              "that tuned a configuration counts), around whose tuned LRs the "
-                                             f"search starts (none: results/{NAME})")
+                                             f"search starts (none: results/{NAME})", metavar="DIR,...")
     looks: Optional[str] = option(None, "group-sequential evaluation: comma-separated, increasing numbers of seed "
                                         "pairs at which the verdicts are looked at, e.g. 5,10,15,20,25,30; each "
                                         "comparison gets seeds a round at a time until it is decided or the last "
-                                        "look (none: one look at --seeds)")
+                                        "look (none: one look at --seeds)", metavar="N,...")
 
     def look_list(self) -> list[int]:
         return [int(n) for n in self.looks.split(",")] if self.looks else []
@@ -139,6 +140,10 @@ class Exp2Options(_common.TrainingOptions):
         if self.tune_seeds is not None and self.tune_seeds < 2:
             problems.append(f"--tune_seeds must be at least 2 (one seed's LR can be overturned by the next), "
                             f"got {self.tune_seeds}")
+        if self.runner_up == "all" and len(names) < 2:  # (Plan.runner_up_runs: every side is the baseline)
+            problems.append("--runner_up all also trains the configurations besides the baseline at their runner-up "
+                            f"LR, but --configs names only {names[0]}, the baseline; drop --runner_up, or add "
+                            f"configurations to --configs")
         if self.margin is not None and not (self.margin > 0 and math.isfinite(self.margin)):
             problems.append(f"--margin takes a positive number of nats, got {self.margin}")
         return problems + self.looks_problems(names) + self.tuned_from_problems()

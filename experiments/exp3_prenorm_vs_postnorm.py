@@ -62,10 +62,12 @@ EXTENSIONS = {"quick": 0, "default": MAX_EXTENSIONS, "full": MAX_EXTENSIONS}
 
 @dataclass
 class Exp3Options(_common.TrainingOptions):
-    lrs: Optional[str] = option(None, "comma-separated learning rates (none: the tier's grid)")
-    depths: Optional[str] = option(None, "comma-separated n_layer values (none: the tier's)")
-    warmups: Optional[str] = option(None, "comma-separated warmup_iters values (none: the tier's)")
-    inits: Optional[str] = option(None, "comma-separated inits among " + ",".join(INITS) + " (none: the tier's)")
+    lrs: Optional[str] = option(None, "comma-separated learning rates (none: the tier's grid)", metavar="LR,...")
+    depths: Optional[str] = option(None, "comma-separated n_layer values (none: the tier's)", metavar="N,...")
+    warmups: Optional[str] = option(None, "comma-separated warmup_iters values (none: the tier's)",
+                                     metavar="N,...")
+    inits: Optional[str] = option(None, "comma-separated inits among " + ",".join(INITS) + " (none: the tier's)",
+                                   metavar="INIT,...")
     seeds: Optional[int] = option(None, "seeds per cell, 0..N-1 (none: the tier's)")
     placements: str = _common.placements_option("pre,post,deepnorm")
     norm_type: str = option("layernorm", "the norm of every run")

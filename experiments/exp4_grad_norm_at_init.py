@@ -29,7 +29,6 @@ import _common
 import torch
 
 from babygpt.data import BatchSampler, load_dataset
-from babygpt.errors import BabyGPTError
 from babygpt.files import write_csv
 from babygpt.memory import num_params_lower_bound, training_bytes
 from babygpt.model import GPT, INITS, GPTConfig
@@ -131,8 +130,9 @@ def loglog_slope(xs: list[float], ys: list[float]) -> float:
 @dataclass
 class Exp4Options(_common.DataOptions):
     placements: str = _common.placements_option("pre,post,deepnorm")
-    depths: Optional[str] = option(None, "comma-separated n_layer values (none: 2,4,6,12,24; quick 2,4)")
-    inits: str = option(",".join(INITS), "comma-separated inits among " + ",".join(INITS))
+    depths: Optional[str] = option(None, "comma-separated n_layer values (none: 2,4,6,12,24; quick 2,4)",
+                                    metavar="N,...")
+    inits: str = option(",".join(INITS), "comma-separated inits among " + ",".join(INITS), metavar="INIT,...")
 
     def problems(self) -> list[str]:
         problems = _common.placement_problems(self.placements)
@@ -202,12 +202,10 @@ def main(argv):
     train, _, tok = load_dataset(args.data_dir)
     shape = SHAPES[exp.tier]
     probe_idx = BatchSampler(train, shape.block_size, shape.batch_size, seed=4321).next_batch()[0]  # (B, T)
-    too_big = _common.size_problems(f"experiment 4 at n_layer={depths[-1]} (width {shape.width})",
-                                    model_bytes(depths[-1], shape, tok.vocab_size),
-                                    lambda: seconds(placements, inits, depths, shape, train, tok.vocab_size, probe_idx),
-                                    "lower --depths")
-    if too_big:
-        raise BabyGPTError(*too_big)
+    _common.check_size(f"experiment 4 at n_layer={depths[-1]} (width {shape.width})",
+                       model_bytes(depths[-1], shape, tok.vocab_size),
+                       lambda: seconds(placements, inits, depths, shape, train, tok.vocab_size, probe_idx),
+                       "lower --depths")
     out = exp.claim()
 
     norms, change = {}, {}

@@ -43,7 +43,8 @@ OPTS = GPTConfig().norm_options()  # the model's defaults: the classes time what
 @dataclass
 class Exp5Options(_common.DataOptions):
     compile_widths: Optional[str] = option(None, "widths to time under torch.compile, e.g. 128,1024; off for "
-                                                 f"none (none: {','.join(map(str, COMPILE_WIDTHS))}; quick: off)")
+                                                 f"none (none: {','.join(map(str, COMPILE_WIDTHS))}; quick: off)",
+                                           metavar="WIDTH,...")
     set: list[str] = option([], "override a training key of the end-to-end model, e.g. --set dtype=bfloat16",
                             metavar="KEY=VALUE")
 

@@ -59,7 +59,8 @@ HYPOTHESES = ("bias=False", "adam_eps=1e-15", "init=xavier", "xavier weights", "
 class Exp6Options(_common.TrainingOptions):
     seeds: int = option(3, "seeds per arm and LR, 0..N-1")
     diag_interval: int = option(10, "iterations between per-layer diagnostics")
-    lrs: str = option(LRS, "the LRs every arm runs at, comma-separated; the diagnostics are read at the first")
+    lrs: str = option(LRS, "the LRs every arm runs at, comma-separated; the diagnostics are read at the first",
+                     metavar="LR,...")
 
     def problems(self) -> list[str]:
         problems = super().problems()

@@ -72,9 +72,9 @@ BUDGET = {"quick": {}, "default": {"max_iters": 250, "eval_interval": 125, "warm
 
 @dataclass
 class Exp7Options(_common.TrainingOptions):
-    lrs: Optional[str] = option(None, f"LR grid (none: {GRID['default']}; quick {GRID['quick']})")
+    lrs: Optional[str] = option(None, f"LR grid (none: {GRID['default']}; quick {GRID['quick']})", metavar="LR,...")
     widths: Optional[str] = option(None, f"model widths n_embd, 4 heads each (none: {WIDTHS['default']}; "
-                                         f"quick {WIDTHS['quick']}; full {WIDTHS['full']})")
+                                         f"quick {WIDTHS['quick']}; full {WIDTHS['full']})", metavar="WIDTH,...")
     seeds: Optional[int] = option(None, "seeds per cell, 0..N-1 (none: 2; quick 1)")
     diag_interval: Optional[int] = option(None, "iterations between diagnostics (max attention logit, output "
                                                 "log Z; none: 25, quick 5)")

@@ -47,7 +47,8 @@ CONFIG = "prenorm_rms"
 
 @dataclass
 class Exp9Options(_common.TrainingOptions):
-    lrs: Optional[str] = option(None, f"learning rates (none: {LRS['default']}; quick {LRS['quick']})")
+    lrs: Optional[str] = option(None, f"learning rates (none: {LRS['default']}; quick {LRS['quick']})",
+                                metavar="LR,...")
     seed: int = option(1, "the seed of every run")
     diag_interval: Optional[int] = option(None, "iterations between diagnostics (none: 25; quick 2)")
 

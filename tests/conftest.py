@@ -39,11 +39,12 @@ from babygpt.placements import PLACEMENTS as PLACEMENT_CLASSES  # noqa: E402
 
 # every placement x norm_type, where the placement builds norms of norm_type (nGPT builds none: norm_type none only)
 # Every placement with every norm it accepts: nGPT builds none, HybridNorm's q/k norms refuse what qk_norm refuses,
-# Admin needs a norm that normalizes.
+# Admin needs a norm that normalizes, and a placement that only moves norms is Pre-LN's model without one.
 GRID = [(p, n) for p, n in itertools.product(PLACEMENTS, NORMS)
         if (PLACEMENT_CLASSES[p].uses_norm_type or n == "none")
         and not (PLACEMENT_CLASSES[p].normalizes_qkv and qk_norm_refusal(n))
-        and not (PLACEMENT_CLASSES[p].needs_a_norm and norm_class(NORMS[n]).is_identity)]
+        and not ((PLACEMENT_CLASSES[p].needs_a_norm or PLACEMENT_CLASSES[p].only_moves_norms)
+                 and norm_class(NORMS[n]).is_identity)]
 GRID_IDS = [f"{p}-{n}" for p, n in GRID]
 # The placements that build norms of norm_type, and those that take residual dropout (nGPT neither).
 NORMED_PLACEMENTS = [p for p in PLACEMENTS if PLACEMENT_CLASSES[p].uses_norm_type]

@@ -37,10 +37,11 @@ sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
 
 def snapshot(root):
-    """Every path under ``root`` with its size and modification time (directories as "dir")."""
-    out = {}
+    """Every path under ``root`` with its size and modification time (directories, ``root`` included,
+    as ("dir", their modification time): a file made and deleted again still changes its directory's)."""
+    out = {str(root): ("dir", os.stat(root).st_mtime_ns)}
     for dirpath, dirs, names in os.walk(root):
-        out.update({os.path.join(dirpath, d): "dir" for d in dirs})
+        out.update({os.path.join(dirpath, d): ("dir", os.stat(os.path.join(dirpath, d)).st_mtime_ns) for d in dirs})
         for name in names:
             st = os.lstat(os.path.join(dirpath, name))  # a symlink as itself (it may point nowhere)
             out[os.path.join(dirpath, name)] = (st.st_size, st.st_mtime_ns)
@@ -241,6 +242,42 @@ def test_train_scratch_over_a_run_without_ckpt(ws, capsys):
     """A run whose ckpt.pt was deleted still has best.pt and summary.json: not overwritten."""
     os.remove(ws / "out" / "ckpt.pt")
     check(cli.train_main, train_args("--out_dir=out"), capsys, ws, "already holds a run")
+
+
+def test_a_bad_training_key_beside_ngpt_is_reported_not_hidden():
+    """The stand-in config made where the training keys fail must not add a problem of its own: nGPT's
+    model with the default weight_decay used to be refused, and only that was said."""
+    _, problems = build_config({"norm_placement": "ngpt", "norm_type": "none", "bias": False, "weight_decay": 0.0,
+                                "learning_rate": -1.0})
+    assert len(problems) == 1 and problems[0].startswith("learning_rate must be in (0, "), problems
+
+
+def _fifo(path):
+    os.mkfifo(path)
+
+
+# Refusals that come after the run took its directory's lock (.lock): the lock file, and any directory
+# made for it, must go again, and the directories' modification times come back.
+LOCKED_REFUSALS = {
+    "metrics.jsonl a FIFO": ("fresh", "metrics.jsonl", _fifo, [], "is not a regular file"),
+    "metrics.jsonl a directory": ("fresh", "metrics.jsonl", os.mkdir, [], "is not a regular file"),
+    "tensorboard a file": ("fresh", "tensorboard", lambda p: open(p, "w").close(), ["--tensorboard=true"],
+                           "not a directory"),
+    "tensorboard a FIFO": ("fresh", "tensorboard", _fifo, ["--tensorboard=true"], "not a directory"),
+    "resume into a new nested directory": ("a/b/c", None, None, ["--init_from=resume"], "no checkpoint"),
+}
+
+
+@pytest.mark.parametrize("case", LOCKED_REFUSALS, ids=str)
+def test_a_refusal_after_the_lock_leaves_no_lock_file_and_no_new_mtime(case, ws, capsys):
+    out_dir, name, make, extra, fragment = LOCKED_REFUSALS[case]
+    if name:
+        os.makedirs(ws / out_dir)
+        make(str(ws / out_dir / name))
+        os.utime(ws / out_dir, ns=(10**18, 10**18))  # a time no step of the command could write by chance
+    if case.startswith("tensorboard"):
+        pytest.importorskip("tensorboard")
+    check(cli.train_main, train_args(f"--out_dir={out_dir}", *extra), capsys, ws, fragment)
 
 
 def test_train_resume_corrupt_checkpoint(ws, capsys):
@@ -780,6 +817,7 @@ def test_a_run_of_max_iters_0_is_not_told_to_lower_its_learning_rate(data_ws, ca
 
 @pytest.mark.parametrize("rows,argv,fragment", [
     ("", [], "has no rows"),
+    ("garbage", [], "holds no complete metrics row"),  # (was told "no rows", as if untrained)
     ('{"iter": 0, "loss": NaN, "val_loss": NaN}\n{"iter": 5, "loss": NaN}\n', [], "no finite loss or val_loss"),
     ('{"iter": 0, "loss": null}\n', [], "no finite loss or val_loss"),
     ('{"iter": 0, "loss": 4.1}\n', ["--no_train"], "no finite val_loss"),
@@ -863,10 +901,14 @@ def test_an_experiment_names_a_bad_set_even_where_its_out_holds_other_results(ws
                       "--set max_iter=3: unknown config key 'max_iter' (did you mean 'max_iters'?)",
                       "--set dropout=x: dropout must be a finite number, got 'x'")
     assert snapshot(ws) == before
-    # a --set of the right type but a value no run accepts: named beside the refused --out
+    # a --set outside its key's declared range is refused on its own, as those above
     code = cli.run(exp7.main, ["--quick", "--out=exp7", "--set", "warmup_iters=-1"])
+    assert_user_error(capsys.readouterr().err, code, "--set warmup_iters=-1: warmup_iters must be >= 0, got -1")
+    assert snapshot(ws) == before
+    # one in range that a rule between keys refuses: named beside the refused --out
+    code = cli.run(exp7.main, ["--quick", "--out=exp7", "--set", "lr_decay_iters=1"])
     err = capsys.readouterr().err
-    assert_user_error(err, code, "warmup_iters must be >= 0, got -1", "exp7 was made with other settings")
+    assert_user_error(err, code, "lr_decay_iters (1) must be >= warmup_iters", "exp7 was made with other settings")
     assert snapshot(ws) == before
 
 

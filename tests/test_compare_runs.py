@@ -99,6 +99,9 @@ def fake_run(directory, config=None, summary=None, rows=None, **info):
     ({"format": 99}, "config.json is damaged (its format 99 is none this code reads"),
     ({"config": {"n_layer": "six"}}, "config.json is damaged (n_layer must be an integer, got 'six')"),
     ({"config": {"norm_type": "nonorm"}}, "config.json is damaged (unknown norm_type 'nonorm'; choose one of:"),
+    ({"config": {"n_layer": -3}}, "config.json is damaged (n_layer must be a positive integer, got -3)"),
+    ({"config": {"seed": 2 ** 40}}, "config.json is damaged (seed must be in [0, 2**32)"),
+    ({"rows": [{"iter": -7, "loss": 2.0}]}, "metrics.jsonl is damaged (its row at iter -7 has a negative iter"),
     ({"summary": {"references": "kn8"}}, "summary.json is damaged (its references is 'kn8', not a table of n-gram "
                                          "losses)"),
     ({"summary": {"references": {"unigram": 3.3, "kn8": "low"}}}, "summary.json is damaged (its references is"),

@@ -1,5 +1,6 @@
 """Reading TrainConfig from config files and --key=value arguments."""
 
+import contextlib
 import dataclasses
 import os
 
@@ -148,17 +149,127 @@ def test_a_config_file_cannot_end_the_process(tmp_path, body, call):
     assert os_module._exit is exit_before  # put back once the file has run
 
 
+@pytest.fixture
+def process_state_kept():
+    """What a config file could change for the whole process, checked unchanged after the test and
+    put back whatever happened (so that a failing test does not take the rest of the suite with it)."""
+    import builtins
+    import signal
+    import sys
+
+    streams = {name: getattr(sys, name) for name in ("stdin", "stdout", "stderr")}
+    names = dict(vars(builtins))
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    grad, cwd = torch.is_grad_enabled(), os.getcwd()
+    environ = lambda: {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}  # noqa: E731  (pytest's)
+    before_environ = environ()
+    yield
+    changed = [name for name, stream in streams.items() if getattr(sys, name) is not stream]
+    changed += [k for k in set(names) | set(vars(builtins)) if vars(builtins).get(k) is not names.get(k)]
+    changed += [s.name for s, h in handlers.items() if signal.getsignal(s) != h]
+    changed += ["grad"] * (torch.is_grad_enabled() != grad) + ["cwd"] * (os.getcwd() != cwd)
+    changed += ["environ"] * (environ() != before_environ)
+    for name, stream in streams.items():
+        setattr(sys, name, stream)
+    now = vars(builtins)
+    for key in set(now) - set(names):
+        del now[key]
+    now.update(names)
+    for s, h in handlers.items():
+        signal.signal(s, h)
+    torch.set_grad_enabled(grad)
+    os.chdir(cwd)
+    for key in set(environ()) - set(before_environ):
+        del os.environ[key]
+    os.environ.update(before_environ)
+    assert not changed, f"left changed: {changed}"
+
+
+@pytest.mark.parametrize("body, change", [
+    ("import sys\nsys.stderr = open(__import__('os').devnull, 'w')\n", "replaced sys.stderr"),
+    ("import sys\nsys.stdout = None\n", "replaced sys.stdout"),
+    ("import builtins\nbuiltins.print = None\n", "replaced builtins.print"),
+    ("import builtins\ndel builtins.len, builtins.next\n", "removed builtins.len"),  # (both used on the way out)
+    ("import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n", "changed the SIGTERM handler"),
+    ("import torch\ntorch.set_grad_enabled(False)\n", "changed gradient tracking (torch.set_grad_enabled)"),
+    ("import torch\ntorch.save = print\n", "replaced torch.save"),
+    ("import os\nos.chdir(os.path.dirname(__file__))\n", "changed the working directory"),
+    ("import os\nos.environ['CUDA_VISIBLE_DEVICES'] = ''\n", "changed the environment (CUDA_VISIBLE_DEVICES)"),
+    ("import os\ntry:\n    os.kill(os.getpid(), 0)\nexcept BaseException:\n    pass\n", "called os.kill()"),
+    ("import atexit\natexit.register(print, 'goodbye')\n", "called atexit.register()"),
+    ("import threading\nthreading.Thread(target=print).start()\n", "called threading.Thread.start()"),
+], ids=["stderr", "stdout", "print", "del_len", "sigterm_handler", "grad", "torch_save", "chdir", "environ",
+        "caught_kill", "atexit", "thread"])
+def test_a_config_file_that_changes_the_process_is_refused_and_undone(tmp_path, body, change, process_state_kept):
+    """A config file runs in this process, so what it changes for the whole process (the streams later
+    messages go to, a builtin, a signal handler, a function the run calls) would outlive it: each such
+    file is refused by name, one line, and what it changed is put back before anything else runs."""
+    import builtins
+
+    saved = dict(vars(builtins))
+    try:
+        (p,) = problems_of([write(tmp_path, body + "n_layer = 2\n")])
+    finally:  # at once, calling no builtin (process_state_kept's teardown would need them)
+        builtins.__dict__.update(saved)
+    assert f"cfg.py' {change}" in p and p.endswith("; a config file only assigns keys"), p
+
+
+@pytest.mark.parametrize("body, change", [
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n", "called os.kill()"),
+    ("import atexit, posix\natexit.register(posix._exit, 0)\n", "called atexit.register()"),
+], ids=["sigterm", "atexit_exit_0"])
+def test_a_config_file_that_signals_itself_or_leaves_an_exit_handler_is_refused(tmp_path, body, change):
+    """The whole command, as a user runs it: a config file that sends itself SIGTERM, and one that
+    registers an exit handler ending the process with status 0 whatever the command's outcome (here a
+    data_dir that is a file), are refused with one line naming the file, exit 2, nothing written."""
+    from conftest import TINY_TRAIN_ARGS, assert_user_error, run_script
+
+    (tmp_path / "cfg.py").write_text(body + "n_layer = 1\n")
+    result = run_script("train.py", "cfg.py", f"--out_dir={tmp_path / 'out'}", "--data_dir=cfg.py",
+                        *TINY_TRAIN_ARGS, "--max_iters=1", cwd=tmp_path)
+    assert_user_error(result.stderr, result.returncode, f"config file 'cfg.py' {change}; a config file only "
+                                                        f"assigns keys")
+    assert len(result.stderr.strip().splitlines()) == 1 and os.listdir(tmp_path) == ["cfg.py"]
+
+
+@contextlib.contextmanager
+def ctrl_c_while_it_runs(tmp_path, name="cfg.py"):
+    """A config file that waits for a SIGINT, and a real one sent to it from outside the file (a thread
+    of the test, running before the file: a file that signals itself is refused): yields its path."""
+    import signal
+    import threading
+    import time
+
+    running, sent = tmp_path / f"{name}.running", tmp_path / f"{name}.sent"
+    path = write(tmp_path, f"import os, time\nopen({str(running)!r}, 'w').close()\n"
+                           f"while not os.path.exists({str(sent)!r}):\n    time.sleep(0.02)\nn_layer = 2\n", name)
+
+    def ctrl_c():
+        for _ in range(3000):
+            if running.exists():
+                os.kill(os.getpid(), signal.SIGINT)
+                sent.touch()
+                return
+            time.sleep(0.02)
+        sent.touch()
+
+    sender = threading.Thread(target=ctrl_c)
+    sender.start()
+    try:
+        yield path
+    finally:
+        sender.join()
+
+
 def test_a_real_ctrl_c_while_a_config_file_runs_still_interrupts(tmp_path):
     from babygpt.config import read_config_file
 
     import signal
 
-    path = write(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nimport time\ntime.sleep(5)\n"
-                           "n_layer = 2\n")
     before = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_while_it_runs(tmp_path) as path, pytest.raises(KeyboardInterrupt):
             read_config_file(path)
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
     finally:
@@ -174,9 +285,9 @@ def test_a_file_raising_keyboardinterrupt_is_refused_whatever_sigint_handler_is_
     try:
         (p,) = problems_of([write(tmp_path, "raise KeyboardInterrupt\n")])
         assert "raised KeyboardInterrupt" in p
-        path = write(tmp_path, "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.1)\n"
-                               "n_layer = 2\n", name="real.py")
-        assert load_config([path]).model.n_layer == 2 and calls == [signal.SIGINT]  # passed on, as before
+        with ctrl_c_while_it_runs(tmp_path, name="real.py") as path:
+            assert load_config([path]).model.n_layer == 2
+        assert calls == [signal.SIGINT]  # passed on, as before
         assert signal.getsignal(signal.SIGINT) is not None and not calls[1:]
     finally:
         signal.signal(signal.SIGINT, before)

@@ -2,6 +2,7 @@
 its --quick mode end to end, its tables, plots and reports, and the records it reads."""
 
 import csv
+import glob
 import json
 import math
 import os
@@ -108,6 +109,7 @@ def test_experiment_options_are_checked_before_anything_runs(monkeypatch):
     ("exp10_depth", ["--data_dir={data}", "--jobs=2"], ["depth.png", "results.csv", "report.md"]),
     ("exp11_regime", ["--data_dir={data}", "--jobs=2"], ["frontier.png", "results.csv", "report.md"]),
     ("exp13_stack_speed", ["--data_dir={data}"], ["stack_speed.png", "stack_speed.csv", "sampling.csv", "report.md"]),
+    ("exp16_noise", ["--data_dir={data}", "--jobs=2"], ["noise.csv", "lr_choice.csv", "results.csv", "report.md"]),
 ])
 def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path, monkeypatch, capsys):
     args = [a.format(data=data_dir) for a in extra]
@@ -125,6 +127,16 @@ def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path, monke
         assert (tmp_path / "res" / "amplification.png").stat().st_size > 0
         for key in ("per_layer", "last_layer", "amplification"):
             assert f"<!-- table: {key} -->" in report
+    if script == "exp16_noise":  # each SD is the one of the runs' own records
+        import statistics
+
+        runs = read_csv(tmp_path / "res" / "results.csv")
+        noise = {(r["config"], r["estimate"]): r for r in read_csv(tmp_path / "res" / "noise.csv")}
+        row = noise[("prenorm_rms", "test, weights")]
+        tests = [float(r["test_loss"]) for r in runs
+                 if r["label"].startswith("prenorm_rms") and float(r["cfg.learning_rate"]) == float(row["lr"])]
+        assert len(tests) == 3 and float(row["sd"]) == pytest.approx(statistics.stdev(tests))
+        assert len(read_csv(tmp_path / "res" / "lr_choice.csv")) == 2 * 2 * 2  # configs x sizes x rules
     if script == "exp13_stack_speed":  # every piece timed, both position kinds sampled both ways
         monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
         import exp13_stack_speed as exp13
@@ -1034,6 +1046,42 @@ def test_sizes_that_fit_but_would_run_for_hours_are_refused_with_the_estimate(sc
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("script, argv, said", [
+    ("exp1_gradient_vanishing", ["--depth=4"], "experiment 1 at --depth=4 (width 64, batch 64) takes about 240 s here "
+                                               "(timed at 1 and 2 blocks now)\n"),
+    ("exp4_grad_norm_at_init", ["--depths=2,4"], "experiment 4 at n_layer=4 (width 32) takes about 360 s here (timed "
+                                                 "at 1 and 2 blocks now)\n"),
+])
+def test_a_size_whose_estimate_is_over_half_a_minute_says_it_before_it_starts(script, argv, said, data_dir, tmp_path,
+                                                                               capsys, monkeypatch):
+    """A size that fits but takes minutes (exp1 --depth=5000, exp4 --depths=2000) says its estimate on
+    stderr before anything runs, as train.py does for a deep build; under SAY_SECONDS it says nothing.
+    Here a block takes 10 s (exp1's quick tier: 2 seeds x 3 norms x 4 x 10 s; exp4's: 3 placements x
+    2 inits x (2 + 4) x 10 s), then 0.5 s; the experiment is stopped where it would start (claim)."""
+    import importlib
+
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import _common
+
+    module = importlib.import_module(script)
+
+    class Started(Exception):
+        pass
+
+    def started(self, sweep=None):
+        raise Started
+
+    monkeypatch.setattr(_common.Experiment, "claim", started)
+    data = [f"--data_dir={data_dir}"] if script == "exp4_grad_norm_at_init" else []
+    for per_block, line in ((10.0, said), (0.5, "")):
+        monkeypatch.setattr(_common, "seconds_by_depth", lambda run_at: (0.0, per_block))
+        capsys.readouterr()
+        with pytest.raises(Started):
+            module.main([*argv, "--quick", f"--out={tmp_path / 'out'}", *data])
+        assert capsys.readouterr().err == line
+    assert os.listdir(tmp_path) == []
+
+
 def test_the_time_estimate_is_a_units_cost_at_one_block_and_each_blocks_beyond(monkeypatch):
     """seconds_by_depth on a clock that a unit of n blocks advances by 3 + 2n seconds (the fastest
     of two runs counts: the first run at each depth is slower here by 5 s)."""
@@ -1062,6 +1110,112 @@ def test_exp2_looks_are_checked_with_the_other_options(monkeypatch):
                            (["--looks=5,10", "--configs=config/prenorm_rms.py"], "at least two configurations")):
         with pytest.raises(BabyGPTError, match=fragment):
             _common.parse(Exp2Options, argv, "exp2", "doc")
+
+
+def test_exp2_runner_up_all_is_refused_with_the_baseline_alone(monkeypatch):
+    """Used or refused: with one configuration every side --runner_up all names is the baseline, whose
+    runner-up runs the default trains already: the option would do nothing."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import _common
+    from exp2_norm_comparison import Exp2Options
+
+    one = f"--configs={ROOT}/config/prenorm_rms.py"
+    with pytest.raises(BabyGPTError) as e:
+        _common.parse(Exp2Options, ["--runner_up=all", one], "exp2", "doc")
+    assert e.value.problems == ["--runner_up all also trains the configurations besides the baseline at their "
+                                "runner-up LR, but --configs names only prenorm_rms, the baseline; drop --runner_up, "
+                                "or add configurations to --configs"]
+    assert _common.parse(Exp2Options, ["--runner_up=baseline", one], "exp2", "doc").runner_up == "baseline"
+    two = f"{one},{ROOT}/config/prenorm_ln.py"
+    assert _common.parse(Exp2Options, ["--runner_up=all", two], "exp2", "doc").runner_up == "all"
+
+
+@pytest.mark.parametrize("script", ["exp1_gradient_vanishing", "exp2_norm_comparison", "exp13_stack_speed"])
+def test_publish_with_out_is_refused_as_one_of_them_doing_nothing(script, tmp_path, monkeypatch, capsys):
+    """--out names the output directory itself, so --publish (results/ in place of out/) would be
+    silently dropped: refused, before anything is written."""
+    import importlib
+
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    monkeypatch.chdir(tmp_path)
+    module = importlib.import_module(script)
+    err = assert_refused_in_process(module.main, ["--quick", "--publish", "--out=res"], capsys)
+    assert err == ("error: --publish puts the results under results/ in place of out/, but --out 'res' names the "
+                   "directory itself; pass one of them\n")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("script, where", [("exp14_five_minutes", "results/modern_5min"),
+                                           ("exp15_time_to_target", "results/gpu/time_to_target")])
+def test_the_experiments_that_write_to_results_already_refuse_publish(script, where, monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import importlib
+
+    import _common
+
+    options = next(v for k, v in vars(importlib.import_module(script)).items() if k.endswith("Options"))
+    with pytest.raises(BabyGPTError, match=re.escape(f"--publish: experiment {script[3:5]} writes into {where} "
+                                                     f"already (or --out); leave it out")):
+        _common.parse(options, ["--publish"], script, "doc")
+
+
+# Every comma-separated option of the experiments, by script: declared so (metavar "X,..."), each
+# refuses an empty entry (babygpt.options). A new list option belongs here.
+REUSE = {"reuse"}  # every training experiment's (babygpt.scaleout)
+LIST_OPTIONS = {
+    "exp1_gradient_vanishing": set(),
+    "exp2_norm_comparison": {"configs", "lrs", "tuned_from", "looks", *REUSE},
+    "exp3_prenorm_vs_postnorm": {"lrs", "depths", "warmups", "inits", "placements", *REUSE},
+    "exp4_grad_norm_at_init": {"placements", "depths", "inits"},
+    "exp5_norm_speed": {"compile_widths"},
+    "exp6_postln_collapse": {"lrs", *REUSE},
+    "exp7_lr_sensitivity": {"lrs", "widths", *REUSE},
+    "exp8_dyt_saturation": REUSE,
+    "exp9_fp16_overflow": {"lrs", *REUSE},
+    "exp10_depth": {"configs", *REUSE},
+    "exp11_regime": REUSE,
+    "exp12_proxy": {"tiers"},
+    "exp13_stack_speed": set(),
+    "exp14_five_minutes": set(),
+    "exp15_time_to_target": set(),
+}
+
+
+def experiment_options(script):
+    import importlib
+
+    return next(v for k, v in vars(importlib.import_module(script)).items()
+                if k.endswith("Options") and k.startswith("Exp"))
+
+
+def test_every_comma_separated_experiment_option_is_declared_as_one(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    from babygpt.options import options_of
+
+    scripts = {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "experiments", "exp*.py"))}
+    assert scripts == set(LIST_OPTIONS)
+    for script, names in LIST_OPTIONS.items():
+        options = options_of(experiment_options(script))
+        assert {name for name, o in options.items() if o.comma_separated} == names, script
+        # an option whose help says it takes a comma-separated list is declared as one (--gpus: its
+        # pattern, babygpt.scaleout, refuses an empty entry with the rest of a malformed list)
+        assert not [n for n, o in options.items() if "comma-separated" in o.help and not o.comma_separated
+                    and n != "gpus"], script
+
+
+@pytest.mark.parametrize("script, option", sorted((s, o) for s, names in LIST_OPTIONS.items() for o in names))
+def test_an_empty_entry_of_a_comma_separated_experiment_option_is_refused(script, option, monkeypatch):
+    """``--reuse ,`` read as no --reuse, ``--lrs 1e-3,,3e-3`` as a grid of two, ``--configs a.py,,b.py``
+    as a config file named '': each refused by name, one line."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    monkeypatch.chdir(ROOT)  # (the defaults of other options name files here)
+    import _common
+
+    for text in (",", "x,,y", "x,", " ,x"):
+        with pytest.raises(BabyGPTError) as e:
+            _common.parse(experiment_options(script), [f"--{option}={text}"], script, "doc")
+        assert e.value.problems == [f"--{option} has an empty entry in {text!r}; give its comma-separated values "
+                                    f"with none empty or blank (no comma doubled or at either end)"], text
 
 
 def test_exp2_looks_train_seeds_in_rounds_only_for_the_comparisons_still_open(monkeypatch):
@@ -1158,3 +1312,50 @@ def test_exp4_refuses_an_entry_listed_twice(argv, fragment, monkeypatch):
 
     with pytest.raises(BabyGPTError, match=re.escape(fragment)):
         _common.parse(Exp4Options, ["--quick", *argv], "exp4", "doc")
+
+
+def _exp16():
+    import sys
+
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    import exp16_noise
+
+    return exp16_noise
+
+
+def test_exp16_fits_its_parabola_as_numpy_does_and_moves_its_minimum_to_the_grid():
+    import numpy as np
+
+    exp16 = _exp16()
+    xs, ys = [-3.0, -2.75, -2.5, -2.25, -2.0], [2.31, 2.2, 2.16, 2.18, 2.3]
+    np.testing.assert_allclose(exp16.quadratic_fit(xs, ys), np.polyfit(xs, ys, 2), rtol=1e-9)
+    lrs = [10 ** x for x in xs]
+    # a parabola whose minimum (-2.6) lies between the grid's 2nd and 3rd points, nearer the 3rd
+    by_lr = {lr: (math.log10(lr) + 2.6) ** 2 for lr in lrs}
+    by_lr[lrs[1]] -= 0.015  # noise that makes the 2nd point the best grid point
+    assert min(by_lr, key=by_lr.get) == lrs[1] and exp16.parabola_lr(by_lr) == lrs[2]
+    falling = {lr: -math.log10(lr) for lr in lrs}  # no minimum inside: the best point itself
+    assert exp16.parabola_lr(falling) == lrs[-1]
+
+
+def test_exp16_scores_each_lr_choice_on_the_seeds_it_did_not_see():
+    """Two LRs, four seeds: seed 0 alone prefers the worse LR; sets of one seed that hold it pick it, and
+    the other seeds, which score it, find it 0.1 worse."""
+    exp16 = _exp16()
+    lrs, seeds = [1e-3, 1e-2], [0, 1, 2, 3]
+    tune = {(lr, s): (1.0 if lr == 1e-2 else 1.1) for lr in lrs for s in seeds}
+    tune[(1e-3, 0)] = 0.9
+    test = {(lr, s): (1.0 if lr == 1e-2 else 1.1) for lr in lrs for s in seeds}
+    out = exp16.lr_choice(tune, test, lrs, seeds, 1)["best grid point"]
+    assert out["sets"] == 4 and out["share_overall_best"] == 0.75
+    assert out["mean_regret"] == pytest.approx(0.1 / 4) and out["max_regret"] == pytest.approx(0.1)
+
+
+def test_exp16_refuses_what_it_cannot_score(capsys):
+    exp16 = _exp16()
+    assert_refused_in_process(exp16.main, ["--quick", "--seeds=2"], capsys, "--seeds must be at least 3")
+    assert_refused_in_process(exp16.main, ["--quick", "--tuning_seeds=3"], capsys,
+                              "--tuning_seeds takes sizes from 1 to one less than the number of seeds (3)")
+    assert_refused_in_process(exp16.main, ["--quick", "--configs=config/prenorm_rms.py"], capsys,
+                              "--configs needs a baseline and at least one configuration")
+    assert_refused_in_process(exp16.main, ["--full"], capsys, "--full is not a tier of this experiment")

@@ -81,7 +81,9 @@ def test_overfits_one_batch(placement, norm):
 
 
 def test_param_counts_grow_with_norm_parameters(placement):
-    counts = {n: GPT(tiny_config(norm_placement=placement, norm_type=n)).num_params() for n in NORMS}
+    # (without norms every placement that only moves them is Pre-LN's model, and is refused as itself)
+    counts = {n: GPT(tiny_config(norm_placement="pre" if n == "none" else placement, norm_type=n)).num_params()
+              for n in NORMS}
     assert counts["none"] < counts["rmsnorm"] < counts["layernorm"]
     d, n_norms = 32, 2 * 2 + (1 if placement == "pre" else 0)  # ln1, ln2 per block (+ ln_f for pre)
     assert counts["rmsnorm"] - counts["none"] == n_norms * d  # one gain vector per norm

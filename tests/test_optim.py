@@ -11,7 +11,7 @@ import torch.nn as nn
 from torch.testing import assert_close
 
 from babygpt import cli
-from babygpt.checkpoint import check_same_optimizer, load_optimizer_state
+from babygpt.checkpoint import FIXED_AT_START, check_same_start, load_optimizer_state
 from babygpt.config import TrainConfig, load_config
 from babygpt.errors import BabyGPTError
 from babygpt.model import GPT, GPTConfig
@@ -294,10 +294,25 @@ def test_muon_options_set_under_adamw_are_refused_in_one_line():
 def test_a_checkpoint_of_another_optimizer_is_refused(saved, asked):
     ckpt = {"config": {} if saved is None else {"optimizer": saved}}  # None: from before the key existed
     with pytest.raises(BabyGPTError) as e:
-        check_same_optimizer(ckpt, asked, "ckpt.pt")
+        check_same_start(ckpt, {"optimizer": asked}, "ckpt.pt")
     (line,) = e.value.problems
-    assert f"optimizer {saved or 'adamw'}, this run asks for {asked}" in line and "start a new --out_dir" in line
-    check_same_optimizer(ckpt, saved or "adamw", "ckpt.pt")
+    assert f"optimizer {saved or 'adamw'!r} there, {asked!r} here" in line and "start a new --out_dir" in line
+    assert f"resume with --optimizer={saved or 'adamw'}" in line
+    check_same_start(ckpt, {"optimizer": saved or "adamw"}, "ckpt.pt")
+
+
+@pytest.mark.parametrize("key", list(FIXED_AT_START))
+def test_every_setting_fixed_at_the_start_is_refused_when_a_resume_changes_it(key):
+    saved = {"optimizer": "muon", "decay_norms": True, "seed": 7}
+    asked = {"optimizer": "adamw", "decay_norms": False, "seed": 8}
+    ckpt = {"config": saved}
+    with pytest.raises(BabyGPTError) as e:
+        check_same_start(ckpt, {**saved, key: asked[key]}, "ckpt.pt")
+    (line,) = e.value.problems
+    assert f"{key} {saved[key]!r} there, {asked[key]!r} here: {FIXED_AT_START[key][0]}" in line
+    assert f"resume with --{key}={saved[key]}" in line
+    check_same_start(ckpt, saved, "ckpt.pt")
+    check_same_start({"config": {}}, {"seed": 8}, "ckpt.pt")  # a seed not recorded is not checked
 
 
 @pytest.mark.slow
@@ -305,7 +320,18 @@ def test_resuming_an_adamw_run_with_muon_is_one_line(small_data, tmp_path, capsy
     args = trainer_args(small_data, tmp_path, "--max_iters=2", "--eval_interval=2")
     cli.run(cli.train_main, args)
     assert_refused_in_process(cli.train_main, once(*args, "--max_iters=4", "--init_from=resume", "--optimizer=muon"),
-                              capsys, "was trained with optimizer adamw, this run asks for muon")
+                              capsys, "optimizer 'adamw' there, 'muon' here")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change", ["--seed=5", "--decay_norms=true"])
+def test_a_resume_that_changes_the_seed_or_decay_norms_is_refused_by_name(small_data, tmp_path, capsys, change):
+    """Before, a new seed was accepted and changed nothing, and decay_norms was reported as a damaged checkpoint."""
+    args = trainer_args(small_data, tmp_path, "--max_iters=2", "--eval_interval=2")
+    cli.run(cli.train_main, args)
+    key = change[2:].partition("=")[0]
+    assert_refused_in_process(cli.train_main, once(*args, "--max_iters=4", "--init_from=resume", change),
+                              capsys, f"{key} ", "there", "here", f"resume with --{key}=")
 
 
 def test_muon_with_adamw_step_takes_no_closure():

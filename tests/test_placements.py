@@ -21,7 +21,7 @@ from babygpt.errors import BabyGPTError
 from babygpt.model import GPT, PLACEMENTS, Block, GPTConfig, KVCache
 from babygpt.norms import NORMS, DyT, NoNorm, Norm, RMSNorm, qk_norm_refusal
 from babygpt.placements import PLACEMENTS as PLACEMENT_CLASSES
-from conftest import ROOT, once, tiny_config
+from conftest import GRID, ROOT, once, tiny_config
 
 # Which norms can serve as query/key norms is read from their classes (norms.qk_norm_refusal).
 QK_NORMS = [n for n in NORMS if qk_norm_refusal(n) is None]
@@ -258,8 +258,7 @@ def test_dyt_model_output_follows_the_formula():
 # ------------------------------------------------------------------ parameter groups and counts
 
 
-@pytest.mark.parametrize("norm", list(NORMS))
-@pytest.mark.parametrize("placement", ["sandwich", "deepnorm"])
+@pytest.mark.parametrize("placement,norm", [(p, n) for p, n in GRID if p in ("sandwich", "deepnorm")])
 def test_optimizer_no_decay_group_is_norm_params_and_biases(placement, norm):
     qk = qk_norm_refusal(norm) is None
     model = GPT(tiny_config(norm_placement=placement, norm_type=norm, qk_norm=qk))

@@ -182,6 +182,44 @@ def test_an_empty_option_value_is_refused_not_read_as_absent(option, tmp_path, m
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("spec, lines", [
+    ("n_layer=1,,2", ["--grid n_layer has an empty entry in '1,,2'"]),
+    ("n_layer=,", ["--grid n_layer has an empty entry in ','"]),
+    ("dtype=float32,", ["--grid dtype has an empty entry in 'float32,'"]),
+    ("n_layer= ,2", ["--grid n_layer has an empty entry in ' ,2'"]),
+    ("=1,2", ["malformed --grid '=1,2'"]),
+    # the run's own --seeds (0) replaced a grid's seed: every run trained at seed 0
+    ("seed=1,2", ["--grid seed has no effect: each run's seed is set by --seeds; list the seeds there instead"]),
+    ("seed=1,,2", ["--grid seed has an empty entry in '1,,2'", "--grid seed has no effect"]),
+    ("seed=", ["malformed --grid 'seed='", "--grid seed has no effect"]),
+    ("out_dir=a,b", ["--grid out_dir has no effect: each run's out_dir is set by --out; drop it"]),
+])
+def test_a_grid_axis_with_an_empty_value_or_a_key_the_sweep_sets_is_refused_by_name(spec, lines, tmp_path,
+                                                                                     monkeypatch, capsys):
+    """Used or refused: an empty value would be dropped, or read as a value nobody gave (seed=1,,2
+    made three runs, all at seed 0), and a grid over a key the sweep sets for every run itself would
+    be replaced by it. One line per problem, nothing written."""
+    from babygpt import sweep
+
+    monkeypatch.chdir(tmp_path)
+    err = assert_refused_in_process(sweep.main, ["--grid", spec, "--collect"], capsys, *lines)
+    assert len(err.splitlines()) == len(lines), err
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("argv, option", [(["--reuse=,"], "reuse"), (["--reuse", "a,,b"], "reuse"),
+                                          (["--reuse=a,"], "reuse"), (["--seeds=0,,1"], "seeds")])
+def test_an_empty_entry_of_a_comma_separated_sweep_option_is_refused(argv, option, tmp_path, monkeypatch, capsys):
+    """``--reuse ,`` read as no --reuse at all, and ``--reuse a,,b`` as a,b: refused by name."""
+    from babygpt import sweep
+
+    monkeypatch.chdir(tmp_path)
+    err = assert_refused_in_process(sweep.main, ["--grid", "learning_rate=1e-3", "--collect", *argv], capsys)
+    assert err == f"error: --{option} has an empty entry in {argv[-1].partition('=')[2] or argv[-1]!r}; give its " \
+                  f"comma-separated values with none empty or blank (no comma doubled or at either end)\n"
+    assert os.listdir(tmp_path) == []
+
+
 def test_base_arguments_give_each_key_once_the_later_value_replacing_the_earlier():
     """An experiment's --set replaces its tier's budget: train.py, which refuses a key given twice, is
     given the --set value alone."""

@@ -127,3 +127,99 @@ def test_a_file_where_the_event_files_go_is_refused_before_the_run_writes(tmp_pa
     err = capsys.readouterr().err
     assert code == 2 and "is where tensorboard = True writes its event files, but it is not a directory" in err
     assert set(os.listdir(out)) - {".lock"} == {"tensorboard"}  # nothing written (the run lock aside)
+
+
+@pytest.mark.parametrize("body, change", [
+    ("import sys\nsys.stderr = None\n", "StateChanged: replaced sys.stderr"),
+    ("import builtins\nbuiltins.print = None\n", "StateChanged: replaced builtins.print"),
+    ("import atexit\natexit.register(print, 'goodbye')\n", "ProcessExit: atexit.register()"),
+    ("import os\nos.kill(os.getpid(), 0)\n", "ProcessExit: os.kill()"),
+], ids=["stderr", "print", "atexit", "kill"])
+def test_a_stray_tensorboard_package_that_changes_the_process_is_refused_and_undone(body, change, tmp_path,
+                                                                                     monkeypatch):
+    """As a config file: a package imported for tensorboard = True that replaces the streams later
+    messages go to, or a builtin, or that signals the process or leaves an exit handler, is named as
+    not working, and what it changed is put back."""
+    import builtins
+    import sys
+
+    (tmp_path / "tensorboard").mkdir()
+    (tmp_path / "tensorboard" / "__init__.py").write_text(body)
+    ours = lambda: [m for m in sys.modules if m.split(".")[0] == "tensorboard" or m.startswith("torch.utils.tensorboard")]  # noqa: E731
+    real = {name: sys.modules.pop(name) for name in ours()}
+    monkeypatch.syspath_prepend(str(tmp_path))
+    stderr, names = sys.stderr, dict(vars(builtins))
+    try:
+        problem = tracker.missing_problem()
+        assert sys.stderr is stderr and builtins.print is names["print"]  # put back
+        assert "does not work" in problem and change in problem, problem
+    finally:
+        builtins.__dict__.update(names)
+        sys.stderr = stderr
+        for name in ours():
+            del sys.modules[name]
+        sys.modules.update(real)
+
+
+def full_disk_for(monkeypatch, where: str) -> None:
+    """Every record written to an event file under ``where``, after the file's first (its header),
+    fails as on a full disk."""
+    import errno
+
+    from tensorboard.summary.writer import record_writer
+
+    real = record_writer.RecordWriter.write
+
+    def write(self, data):
+        if os.fsencode(where) in self._writer.filename and getattr(self, "header_written", False):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.header_written = True
+        return real(self, data)
+    monkeypatch.setattr(record_writer.RecordWriter, "write", write)
+
+
+def test_a_full_disk_under_the_event_files_is_named_with_the_fix(tmp_path, monkeypatch):
+    """The event files are written by tensorboard's own thread: its OSError is raised by the next row
+    (or the close), naming the event file and the fix, and not raised twice."""
+    pytest.importorskip("tensorboard")
+    from babygpt.errors import BabyGPTError
+
+    full_disk_for(monkeypatch, str(tmp_path))
+    board = tracker.TensorBoardTracker(str(tmp_path))
+    board.log({"iter": 0, "loss": 4.0})
+    board.writer.flush()  # (waits until tensorboard's thread has written the row)
+    with pytest.raises(BabyGPTError) as refused:
+        board.log({"iter": 1, "loss": 3.0})
+    (message,) = refused.value.problems
+    assert message.startswith(f"writing '{tmp_path / tracker.LOG_DIR / 'events.out.tfevents.'}")
+    assert message.endswith("failed: No space left on device; free some disk space, or run without "
+                            "tensorboard = True")
+    board.close()  # reported once: the run's close after the error does not raise it again
+
+
+def test_a_run_whose_event_files_fill_the_disk_stops_naming_the_file(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("tensorboard")
+    from babygpt import cli
+    from conftest import TINY_TRAIN_ARGS, assert_user_error, once, prepare_small_data
+
+    out = tmp_path / "run"
+    full_disk_for(monkeypatch, str(out))
+    code = cli.run(cli.train_main, once(f"--data_dir={prepare_small_data(tmp_path)}", f"--out_dir={out}",
+                                        *TINY_TRAIN_ARGS, "--max_iters=10", "--tensorboard"))
+    err = capsys.readouterr().err
+    assert_user_error(err, code, f"error: writing '{out / tracker.LOG_DIR / 'events.out.tfevents.'}",
+                      "failed: No space left on device; free some disk space")
+    assert "Exception in thread" not in err
+
+
+def test_a_full_disk_under_the_check_is_named_as_the_disk_not_the_package(tmp_path, monkeypatch):
+    """The check writes into a temporary directory: a full disk there is not a broken install."""
+    pytest.importorskip("tensorboard")
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    full_disk_for(monkeypatch, str(tmp_path))
+    problem = tracker.missing_problem()
+    assert problem.startswith(f"tensorboard = True checks its writer in a temporary directory first, and writing "
+                              f"'{tmp_path}{os.sep}")
+    assert problem.endswith("failed: No space left on device; free some disk space") and "reinstall" not in problem

@@ -100,3 +100,45 @@ def test_a_placement_that_needs_a_norm_refuses_one_that_is_the_identity(placemen
     with pytest.raises(BabyGPTError, match=f"norm_placement {placement} with norm_type {norm_type}: .*choose a "
                                            f"norm_type that normalizes"):
         GPTConfig(**SHAPE, norm_placement=placement, norm_type=norm_type)
+
+
+def _pre_without_norms_equals(placement: str, norm_type: str, monkeypatch) -> bool:
+    """Whether ``placement`` with ``norm_type`` (the identity) builds Pre-LN's model with it, its own
+    refusal lifted for the comparison."""
+    monkeypatch.setattr(PLACEMENTS[placement], "only_moves_norms", False)
+    cfg = base_config(placement, norm_type)
+    return cfg is not None and same_model(cfg, GPTConfig(**SHAPE, norm_placement=DEFAULT_PLACEMENT,
+                                                          norm_type=norm_type, bias=cfg.bias))
+
+
+@pytest.mark.parametrize("placement", [p for p, cls in PLACEMENTS.items() if cls.only_moves_norms])
+@pytest.mark.parametrize("norm_type", [n for n in NORMS if norm_class(NORMS[n]).is_identity])
+def test_a_placement_that_only_moves_norms_is_refused_without_one_and_is_pre_ln_there(placement, norm_type,
+                                                                                      monkeypatch):
+    with pytest.raises(BabyGPTError, match=f"norm_placement {placement} with norm_type {norm_type} is "
+                                           f"norm_placement pre's model exactly.*use norm_placement pre"):
+        GPTConfig(**SHAPE, norm_placement=placement, norm_type=norm_type)
+    assert _pre_without_norms_equals(placement, norm_type, monkeypatch)
+
+
+@pytest.mark.parametrize("placement", [p for p, cls in PLACEMENTS.items()
+                                       if not cls.only_moves_norms and p != DEFAULT_PLACEMENT])
+@pytest.mark.parametrize("norm_type", [n for n in NORMS if norm_class(NORMS[n]).is_identity])
+def test_a_placement_that_does_more_than_move_norms_is_another_model_without_them(placement, norm_type,
+                                                                                  monkeypatch):
+    """The declaration is exact: a placement that keeps something of its own without norms (DeepNorm's
+    residual weight, the parallel block's wiring) is not Pre-LN's model there, or is refused as a whole."""
+    assert not _pre_without_norms_equals(placement, norm_type, monkeypatch)
+
+
+# Norm-specific options over every placement that builds that norm (the grid above tries them under
+# norm_placement pre only; norm_eps is tried under every placement there): an option of the norm before
+# attention, say, is read only where ln1 is a real norm.
+NORM_OPTION_CASES = [(p, n, o) for p, cls in PLACEMENTS.items() if cls.uses_norm_type
+                     for n in NORMS for o in norm_class(NORMS[n]).reads
+                     if o in VALUES and o != "norm_eps" and p != DEFAULT_PLACEMENT]
+
+
+@pytest.mark.parametrize("placement, norm_type, name", NORM_OPTION_CASES, ids=lambda v: str(v))
+def test_a_norm_option_is_used_or_refused_under_every_placement(placement, norm_type, name):
+    test_an_option_is_used_or_refused(placement, norm_type, name)
