@@ -10,7 +10,10 @@ command line, read by ``babygpt.options`` like every other BabyGPT command.
 A config file is plain Python run in a private namespace; every top-level name
 it binds must be a key. Names starting with ``_`` and imported modules are ignored,
 so ``import math`` or ``_width = 256`` are fine helpers. Every problem found (unknown
-keys, bad values, contradictions between fields) is reported in one BabyGPTError.
+keys, bad values, contradictions between fields) is reported in one BabyGPTError. The file runs
+as foreign code (``foreign.foreign_code``): it may only assign keys, and a file that would end or
+signal the process, or change its state (streams, builtins, signal handlers, ...), is refused with
+that state put back; its values are read as plain data.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from .norms import NORMS, build_norm
 from .options import Option, Range, convert as convert_value, range_problems, format_help, option, options_of, \
     parse, unknown_name
 from . import tracker
-from .signals import ProcessExit, StateChanged, foreign_code
+from .foreign import ProcessExit, StateChanged, foreign_code
 from .memory import FIX, attention_bytes, memory_problem, training_bytes
 from .runtime import check_dtype, resolve_device, resolve_dtype
 
@@ -306,12 +309,17 @@ def read_config_file(path: str) -> dict:
     except (SyntaxError, ValueError) as e:  # ValueError: a NUL byte in the source
         where = f" at line {e.lineno}: {e.msg}" if getattr(e, "lineno", None) else f": {getattr(e, 'msg', e)}"
         raise BabyGPTError(f"config file '{path}' has a syntax error{where}") from None
+    imported = _imported_names(ast.parse(source)) - set(FIELDS)  # (a key imported from another file still counts)
     try:
         # Run as foreign code: a call that would end or signal the process (os._exit(), os.kill(), an exit
         # handler) is stopped, and process-wide state it changed (sys.stderr, builtins, signal handlers,
-        # ...) is put back before the file is refused, so nothing it did outlives it.
+        # ...) is put back before the file is refused, so nothing it did outlives it. The values are read
+        # in there too, as plain data: a value's own methods (an int subclass's __mul__) are the file's code.
         with _interrupts_noted() as interrupted, foreign_code():  # (inside: it puts builtins back first)
             exec(code, namespace)
+            values = {k: _plain(v) for k, v in list(namespace.items())
+                      if type(k) is str and not k.startswith("_") and not isinstance(v, types.ModuleType)
+                      and k not in imported}
     except (SystemExit, ProcessExit) as e:  # exit(), sys.exit() or os._exit() must not end the program silently
         raise BabyGPTError(f"config file '{path}' called {getattr(e, 'call', 'exit()')}; a config file only assigns "
                            f"keys") from None
@@ -323,9 +331,6 @@ def read_config_file(path: str) -> dict:
         raise BabyGPTError(f"config file '{path}' raised KeyboardInterrupt; a config file only assigns keys") from None
     except BaseException as e:  # the user's file raised; report where, not a traceback
         raise BabyGPTError(f"config file '{path}' failed when run: {type(e).__name__}: {e}") from None
-    imported = _imported_names(ast.parse(source)) - set(FIELDS)  # (a key imported from another file still counts)
-    values = {k: v for k, v in namespace.items()
-              if not k.startswith("_") and not isinstance(v, types.ModuleType) and k not in imported}
     if not values:  # e.g. JSON or YAML: valid Python (a dict expression, annotations) that binds nothing
         raise BabyGPTError(f"config file '{path}' sets no keys; a config file is Python with one "
                            f"assignment per key, e.g. `n_layer = 6` (JSON and YAML are not read)")
@@ -357,6 +362,34 @@ def _interrupts_noted():
         yield noted
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _plain(value):
+    """``value`` as plain data, so that none of a config file's code runs after the file has: bool, int,
+    float, str and None as they are, a subclass of int, float or str as its plain value, lists, tuples
+    and dicts of them alike; anything else becomes a stand-in that names its type (no key takes one)."""
+    kind = type(value)
+    if kind in (bool, int, float, str, type(None)):
+        return value
+    if kind in (list, tuple):
+        return kind(_plain(item) for item in value)
+    if kind is dict:
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    for base, plain in ((str, str.__str__), (float, float.__float__), (int, int.__int__)):  # (bool has no subclasses)
+        if isinstance(value, base):
+            return plain(value)  # the base type's own method: a plain copy, whatever the subclass overrides
+    return _NotPlain(kind.__name__)
+
+
+class _NotPlain:
+    """A config file's value that is not plain data (a function, a class, an object), as the problems
+    with it show it."""
+
+    def __init__(self, type_name: str):
+        self.type_name = type_name
+
+    def __repr__(self) -> str:
+        return f"<a {self.type_name}>"
 
 
 def _imported_names(tree: ast.Module) -> set[str]:

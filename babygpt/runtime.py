@@ -206,3 +206,24 @@ def autocast(device: torch.device, dtype: str):
     if dtype == "float32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=DTYPES[dtype])
+
+
+def seconds_by_depth(run_at, depths: tuple[int, int] = (1, 2), clock=time.perf_counter) -> tuple[float, float]:
+    """(fixed seconds, seconds per block) of one unit of work, timed now: ``run_at(n)`` does that unit
+    with n blocks, at each of the two ``depths``, the fastest of two runs each (the first also pays
+    one-time costs); the line through the two extended. The difference is a block's whole cost: its
+    matrix products and the overhead of each call into torch, which at large depths outweighs what a
+    count of floating-point operations predicts (experiment 4 at 300 layers took a hundred times such a
+    count's estimate). Used for the estimates that train.py and experiments 1 and 4 give before a
+    long job."""
+    times = []
+    for n in depths:
+        fastest = math.inf
+        for _ in range(2):
+            start = clock()
+            run_at(n)
+            fastest = min(fastest, clock() - start)
+        times.append(fastest)
+    (a, b), (ta, tb) = depths, times
+    per_block = max((tb - ta) / (b - a), 0.0)
+    return max(ta - per_block * a, 0.0), per_block

@@ -17,7 +17,7 @@ import os
 import tempfile
 
 from .files import os_error_message, user_error
-from .signals import foreign_code
+from .foreign import foreign_code
 
 LOG_DIR = "tensorboard"
 INSTALL = "pip install tensorboard (or pip install -e '.[tensorboard]')"

@@ -36,7 +36,7 @@ from .model import GPT, GPTConfig
 from .ngram import data_floors, is_collapsed, scheme_floors
 from .optim import build_optimizer
 from .rundir import RunDir, owned, run_record
-from .runtime import (autocast, check_dtype, dtype_note, machine, muon_note, resolve_device,
+from .runtime import (autocast, check_dtype, dtype_note, machine, muon_note, resolve_device, seconds_by_depth,
                       use_deterministic_kernels, uses_grad_scaler)
 from .signals import StopSignals, signal_name
 from .tracker import LOG_DIR as TENSORBOARD_DIR, TensorBoardTracker
@@ -256,20 +256,11 @@ SMALL_DEPTHS = (2, 10)  # the depths build_seconds times: far enough apart that 
 
 
 def build_seconds(model_cfg: GPTConfig, clock=time.perf_counter) -> float:
-    """About how long building ``model_cfg``'s GPT takes here: a 2- and a 10-block model built and
-    timed (the fastest of two each), the line through them extended to its depth (called before
-    any seeding: it draws random numbers)."""
-    times = []
-    for n in SMALL_DEPTHS:
-        fastest = math.inf
-        for _ in range(2):  # the fastest of two: the first build also pays one-time costs
-            start = clock()
-            GPT(dataclasses.replace(model_cfg, n_layer=n))
-            fastest = min(fastest, clock() - start)
-        times.append(fastest)
-    (a, b), (ta, tb) = SMALL_DEPTHS, times
-    per_block = max((tb - ta) / (b - a), 0.0)
-    return max(ta - per_block * a, 0.0) + per_block * model_cfg.n_layer
+    """About how long building ``model_cfg``'s GPT takes here: models of SMALL_DEPTHS blocks built and
+    timed (runtime.seconds_by_depth), extended to its depth (called before any seeding: it draws
+    random numbers)."""
+    fixed, per_block = seconds_by_depth(lambda n: GPT(dataclasses.replace(model_cfg, n_layer=n)), SMALL_DEPTHS, clock)
+    return fixed + per_block * model_cfg.n_layer
 
 
 def seeded_model(model_cfg: GPTConfig, seed: int, device: torch.device, dist: distributed.Dist) -> GPT:

@@ -20,7 +20,7 @@ from babygpt.config import FIELDS  # noqa: E402
 from babygpt.errors import BabyGPTError, Interrupted, ShardDone, unknown_choice  # noqa: E402
 from babygpt.model import PLACEMENTS  # noqa: E402
 from babygpt.placements import PLACEMENTS as PLACEMENT_CLASSES  # noqa: E402
-from babygpt.runtime import cpu_name, machine_label  # noqa: E402
+from babygpt.runtime import cpu_name, machine_label, seconds_by_depth  # noqa: E402,F401 (exp1, exp4)
 from babygpt.options import option, options_of, parse_into  # noqa: E402
 from babygpt.data import load_dataset  # noqa: E402
 from babygpt.files import write_atomic  # noqa: E402
@@ -520,24 +520,6 @@ def initial_loss(run_dir: str) -> float:
 
 MAX_SECONDS = 3600  # an experiment whose estimated compute exceeds this is refused: its defaults take minutes
 SAY_SECONDS = 30  # an experiment whose estimate exceeds this says so before it starts (as train.py's deep builds do)
-
-
-def seconds_by_depth(run_at, clock=time.perf_counter) -> tuple[float, float]:
-    """(fixed seconds, seconds per block) of one unit of an experiment's work, timed now: ``run_at(n)``
-    does that unit with n blocks, at n = 1 and 2, the fastest of two runs each. The difference is a
-    block's whole cost: its matrix products and the overhead of each call into torch, which at large
-    depths outweighs what a count of floating-point operations predicts (experiment 4 at 300 layers
-    took a hundred times such a count's estimate)."""
-    times = []
-    for n in (1, 2):
-        fastest = math.inf
-        for _ in range(2):
-            start = clock()
-            run_at(n)
-            fastest = min(fastest, clock() - start)
-        times.append(fastest)
-    per_block = max(times[1] - times[0], 0.0)
-    return max(times[0] - per_block, 0.0), per_block
 
 
 def check_size(what: str, needed_bytes: int, seconds, fix: str) -> None:

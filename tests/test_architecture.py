@@ -9,10 +9,10 @@ import re
 from conftest import ROOT
 
 LAYERS = {  # docs/architecture.md's table, lowest first
-    "foundation": ["errors", "options", "files", "runtime", "signals", "provenance", "stats", "sequential"],
+    "foundation": ["errors", "options", "files", "runtime", "signals", "foreign", "provenance", "stats", "sequential"],
     "model": ["norms", "placements", "init", "model", "diagnostics"],
     "data and records": ["data", "ngram", "checkpoint", "state", "rundir", "memory", "tracker"],
-    "training": ["config", "optim", "step", "distributed", "trainer", "sampling", "cli"],
+    "training": ["config", "optim", "step", "averaging", "distributed", "trainer", "sampling", "cli"],
     "study": ["runstore", "sweepdir", "sweep", "launcher", "scaleout", "tuning", "verdicts", "compare_runs", "plot", "references",
               "experimentdir", "bench"],
     "maintenance": ["doctables", "docfigures", "docverdicts", "resultsindex"],

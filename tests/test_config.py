@@ -232,6 +232,21 @@ def test_a_config_file_that_signals_itself_or_leaves_an_exit_handler_is_refused(
     assert len(result.stderr.strip().splitlines()) == 1 and os.listdir(tmp_path) == ["cfg.py"]
 
 
+def test_a_config_file_value_is_read_as_plain_data(tmp_path):
+    """A value is the file's code too when its type is the file's: an int subclass whose arithmetic
+    or formatting ends the process would run long after the file, under no guard. Values are read as
+    plain data (the subclass's plain value), and one that is not data is named by its type only."""
+    body = ("class _Int(int):\n    def __mul__(self, other):\n        return 'tampered'\n    __rmul__ = __mul__\n"
+            "    def __format__(self, spec):\n        return 'tampered'\n"
+            "n_embd = _Int(64)\nlearning_rate = type('F', (float,), {'__repr__': print})(1e-3)\n")
+    cfg = load_config([write(tmp_path, body)])
+    assert type(cfg.model.n_embd) is int and cfg.model.n_embd * 2 == 128 and f"{cfg.model.n_embd}" == "64"
+    assert type(cfg.learning_rate) is float and cfg.learning_rate == 1e-3
+    (p,) = problems_of([write(tmp_path, "class _Loud:\n    def __repr__(self):\n        raise SystemExit(0)\n"
+                                        "n_layer = _Loud()\n")])
+    assert p == f"n_layer must be an integer, got <a _Loud> (in {tmp_path / 'cfg.py'})"
+
+
 @contextlib.contextmanager
 def ctrl_c_while_it_runs(tmp_path, name="cfg.py"):
     """A config file that waits for a SIGINT, and a real one sent to it from outside the file (a thread

@@ -1178,6 +1178,7 @@ LIST_OPTIONS = {
     "exp13_stack_speed": set(),
     "exp14_five_minutes": set(),
     "exp15_time_to_target": set(),
+    "exp16_noise": {"configs", "lrs", "tuning_seeds", *REUSE},
 }
 
 
