@@ -411,3 +411,10 @@ def _show(value) -> str:
     if isinstance(value, str) and not value.isprintable():  # e.g. a newline: shown as \n, not as a line break
         return repr(value)[1:-1]
     return str(value)
+
+
+def repeated_entries(option: str, entries: list) -> list[str]:
+    """An entry a comma-separated option lists twice: it would be used once, the second silently
+    dropped (used or refused)."""
+    twice = sorted({str(e) for e in entries if entries.count(e) > 1})
+    return [f"{option} lists {', '.join(twice)} more than once; give each once"] if twice else []

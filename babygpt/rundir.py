@@ -294,6 +294,9 @@ class RunDir:
         if not os.access(ancestor, os.W_OK):
             raise BabyGPTError(f"out_dir '{self.path}' is not writable ('{ancestor}' is read-only to you); "
                                f"choose another --out_dir or fix its permissions")
+        for path in (self.config, self.metrics, self.summary, self.ckpt, self.best):
+            if os.path.lexists(path) and not os.path.isfile(path):  # a FIFO, a directory, a dangling link
+                raise BabyGPTError(f"{path} is not a regular file; move it aside (a run writes it as a file)")
         # A run that wrote any checkpoint or summary is kept; a directory with only the logs of a
         # run killed before its first checkpoint may be reused (best.pt is written before ckpt.pt,
         # so a run stopped between the two at its first eval leaves an iteration-0 best.pt alone).

@@ -28,7 +28,7 @@ from typing import Optional
 
 from .config import set_problems
 from .errors import BabyGPTError
-from .options import option
+from .options import option, repeated_entries
 from .rundir import RunLock
 from .runstore import STORE
 
@@ -88,6 +88,7 @@ class ScaleOutOptions:
                                 "clear --out once before starting the shards")
         if self.gpus is not None and not re.fullmatch(r"\d+(,\d+)*", self.gpus.replace(" ", "")):
             problems.append(f"--gpus must be comma-separated GPU indices (e.g. --gpus 0,1), got '{self.gpus}'")
+        problems += repeated_entries("--reuse", self.reuse_list())
         problems += [f"--reuse {d!r} holds no runs.jsonl; pass sweep directories whose runs are stored, e.g. "
                      f"results/full/exp2_gpt2" for d in self.reuse_list() if not os.path.isfile(os.path.join(d, STORE))]
         return problems

@@ -21,7 +21,7 @@ from babygpt.errors import BabyGPTError, Interrupted, ShardDone, unknown_choice 
 from babygpt.model import PLACEMENTS  # noqa: E402
 from babygpt.placements import PLACEMENTS as PLACEMENT_CLASSES  # noqa: E402
 from babygpt.runtime import cpu_name, machine_label, seconds_by_depth  # noqa: E402,F401 (exp1, exp4)
-from babygpt.options import option, options_of, parse_into  # noqa: E402
+from babygpt.options import option, options_of, parse_into, repeated_entries  # noqa: E402,F401
 from babygpt.data import load_dataset  # noqa: E402
 from babygpt.files import write_atomic  # noqa: E402
 from babygpt.rundir import read_json  # noqa: E402
@@ -121,13 +121,6 @@ def placement_problems(text: str) -> list[str]:
         f"placement {pl} builds no norm layers, so it has no place in a comparison of where a norm goes; "
         f"compare it through experiments/exp2_norm_comparison.py --configs config/ngpt.py,..."
         for pl in names if not PLACEMENT_CLASSES[pl].uses_norm_type]
-
-
-def repeated_entries(option: str, entries: list) -> list[str]:
-    """An entry a comma-separated option lists twice: it would be measured once, the second silently
-    dropped (used or refused)."""
-    twice = sorted({str(e) for e in entries if entries.count(e) > 1})
-    return [f"{option} lists {', '.join(twice)} more than once; give each once"] if twice else []
 
 
 # Options that change where or how fast results are made, not what they are.

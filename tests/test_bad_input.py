@@ -261,6 +261,8 @@ def _fifo(path):
 LOCKED_REFUSALS = {
     "metrics.jsonl a FIFO": ("fresh", "metrics.jsonl", _fifo, [], "is not a regular file"),
     "metrics.jsonl a directory": ("fresh", "metrics.jsonl", os.mkdir, [], "is not a regular file"),
+    "config.json a FIFO": ("fresh", "config.json", _fifo, [], "is not a regular file"),
+    "summary.json a directory": ("fresh", "summary.json", os.mkdir, [], "is not a regular file"),
     "tensorboard a file": ("fresh", "tensorboard", lambda p: open(p, "w").close(), ["--tensorboard=true"],
                            "not a directory"),
     "tensorboard a FIFO": ("fresh", "tensorboard", _fifo, ["--tensorboard=true"], "not a directory"),
@@ -749,7 +751,8 @@ def test_every_float_key_is_found():
     assert set(FLOAT_KEYS) == {"learning_rate", "weight_decay", "beta1", "beta2", "adam_eps", "z_loss", "grad_clip",
                                "min_lr", "dropout", "norm_eps", "dyt_alpha_init", "dyt_alpha_init_attn", "mixln_alpha",
                                "layerscale_init", "derf_alpha_init", "derf_shift_init", "rope_base",
-                               "logit_softcap", "attn_softcap", "muon_lr", "muon_momentum", "qk_clip_tau", "target_val_loss"}
+                               "logit_softcap", "attn_softcap", "muon_lr", "muon_momentum", "qk_clip_tau", "target_val_loss",
+                               "ema_decay"}
     assert (FLOAT32_MAX, FLOAT32_TINY) == (torch.finfo(torch.float32).max, torch.finfo(torch.float32).tiny)
 
 

@@ -220,6 +220,16 @@ def test_an_empty_entry_of_a_comma_separated_sweep_option_is_refused(argv, optio
     assert os.listdir(tmp_path) == []
 
 
+def test_a_sweep_directory_given_twice_to_reuse_is_refused(tmp_path, monkeypatch, capsys):
+    """Each directory is read once: the second mention would silently change nothing."""
+    from babygpt import sweep
+
+    monkeypatch.chdir(tmp_path)
+    assert_refused_in_process(sweep.main, ["--grid", "learning_rate=1e-3", "--collect", "--reuse=old,old"], capsys,
+                              "--reuse lists old more than once; give each once")
+    assert os.listdir(tmp_path) == []
+
+
 def test_base_arguments_give_each_key_once_the_later_value_replacing_the_earlier():
     """An experiment's --set replaces its tier's budget: train.py, which refuses a key given twice, is
     given the --set value alone."""
