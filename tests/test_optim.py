@@ -303,8 +303,8 @@ def test_a_checkpoint_of_another_optimizer_is_refused(saved, asked):
 
 @pytest.mark.parametrize("key", list(FIXED_AT_START))
 def test_every_setting_fixed_at_the_start_is_refused_when_a_resume_changes_it(key):
-    saved = {"optimizer": "muon", "decay_norms": True, "seed": 7}
-    asked = {"optimizer": "adamw", "decay_norms": False, "seed": 8}
+    saved = {"optimizer": "muon", "decay_norms": True, "seed": 7, "ema_decay": 0.9}
+    asked = {"optimizer": "adamw", "decay_norms": False, "seed": 8, "ema_decay": 0.0}
     ckpt = {"config": saved}
     with pytest.raises(BabyGPTError) as e:
         check_same_start(ckpt, {**saved, key: asked[key]}, "ckpt.pt")
