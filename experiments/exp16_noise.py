@@ -178,6 +178,46 @@ def fmt(v, spec=".4f") -> str:
     return "—" if v is None or not math.isfinite(v) else format(v, spec)
 
 
+def noise_tables(est: dict, names: list[str], best: dict, seeds: list[int], label: dict) -> tuple[list, list]:
+    """(noise.csv's rows, the report's rows) of the end-of-run noise at each configuration's ``best``
+    LR; ``est``: (config, lr, seed) -> the run's estimators."""
+    kinds = list(est[next(iter(est))])
+    rng = random.Random(0)
+    rows, body = [], []
+    for c in names:
+        series = {k: [est[(c, best[c], s)][k] for s in seeds] for k in kinds}
+        sds = {k: statistics.stdev(v) for k, v in series.items()}
+        low, high = sd_ratio_interval(series[kinds[0]], series[kinds[1]], rng)
+        paired = {}
+        if c != names[0]:
+            for k in kinds[:2]:
+                paired[k] = statistics.stdev([est[(c, best[c], s)][k] - est[(names[0], best[names[0]], s)][k]
+                                              for s in seeds])
+        rows += [{"config": label[c], "lr": best[c], "estimate": k, "seeds": len(seeds),
+                  "mean": statistics.fmean(series[k]), "sd": sds[k], "paired_sd": paired.get(k)} for k in kinds]
+        body.append([label[c], f"{best[c]:g}", fmt(sds[kinds[0]]), fmt(sds[kinds[1]]),
+                     f"{sds[kinds[1]] / sds[kinds[0]]:.2f} ({low:.2f}–{high:.2f})" if sds[kinds[0]] else "—",
+                     fmt(statistics.fmean(series[kinds[1]]) - statistics.fmean(series[kinds[0]]), "+.4f"),
+                     fmt(sds[kinds[2]]), fmt(sds[kinds[3]]),
+                     " / ".join(fmt(paired[k]) for k in kinds[:2]) if paired else "(baseline)"])
+    return rows, body
+
+
+def choice_tables(tune: dict, test: dict, names: list[str], lrs: list[float], seeds: list[int], sizes: list[int],
+                  label: dict) -> tuple[list, list]:
+    """(lr_choice.csv's rows, the report's rows): each rule at each tuning-set size, per configuration."""
+    rows, body = [], []
+    for c in names:
+        tune_c = {(lr, s): tune[(c, lr, s)] for lr in lrs for s in seeds}
+        test_c = {(lr, s): test[(c, lr, s)] for lr in lrs for s in seeds}
+        for size in sizes:
+            for rule, r in lr_choice(tune_c, test_c, lrs, seeds, size).items():
+                rows.append({"config": label[c], "tuning_seeds": size, "rule": rule, **r})
+                body.append([label[c], size, rule, r["sets"], fmt(r["mean_regret"]), fmt(r["max_regret"]),
+                             fmt(r["sd_of_mean"]), f"{r['share_overall_best']:.0%}"])
+    return rows, body
+
+
 def main(argv):
     exp = _common.begin(Exp16Options, argv, NAME, __doc__)
     args, tier = exp.args, exp.tier
@@ -188,43 +228,14 @@ def main(argv):
     runs = {(c, lr, s): Run({**lr_overrides(lr), "ema_decay": args.ema_decay}, s, c)
             for c in names for lr in lrs for s in seeds}
     sweep, rows = exp.train(list(runs.values()), BUDGET[tier])
-    loaded = {key: load_run(sweep.out_dir(run)) for key, run in runs.items()}
-    est = {key: estimators(loaded[key], args.last_evals) for key in runs}
+    est = {key: estimators(load_run(sweep.out_dir(run)), args.last_evals) for key, run in runs.items()}
     tune = {key: tuning_loss(rows[run.name]) for key, run in runs.items()}
     test = {key: reported_loss(rows[run.name]) for key, run in runs.items()}
     label = {c: os.path.splitext(os.path.basename(c))[0] for c in names}
     best = {c: min(lrs, key=lambda lr: statistics.fmean(tune[(c, lr, s)] for s in seeds)) for c in names}
-    kinds = list(est[next(iter(est))])
-    rng = random.Random(0)
-
-    noise_rows, noise_body = [], []
-    for c in names:
-        series = {k: [est[(c, best[c], s)][k] for s in seeds] for k in kinds}
-        sds = {k: statistics.stdev(v) for k, v in series.items()}
-        low, high = sd_ratio_interval(series[kinds[0]], series[kinds[1]], rng)
-        paired = {}
-        if c != names[0]:
-            for k in kinds[:2]:
-                paired[k] = statistics.stdev([est[(c, best[c], s)][k] - est[(names[0], best[names[0]], s)][k]
-                                              for s in seeds])
-        noise_rows += [{"config": label[c], "lr": best[c], "estimate": k, "seeds": len(seeds),
-                        "mean": statistics.fmean(series[k]), "sd": sds[k], "paired_sd": paired.get(k)} for k in kinds]
-        noise_body.append([label[c], f"{best[c]:g}", fmt(sds[kinds[0]]), fmt(sds[kinds[1]]),
-                           f"{sds[kinds[1]] / sds[kinds[0]]:.2f} ({low:.2f}–{high:.2f})" if sds[kinds[0]] else "—",
-                           fmt(statistics.fmean(series[kinds[1]]) - statistics.fmean(series[kinds[0]]), "+.4f"),
-                           fmt(sds[kinds[2]]), fmt(sds[kinds[3]]),
-                           " / ".join(fmt(paired[k]) for k in kinds[:2]) if paired else "(baseline)"])
+    noise_rows, noise_body = noise_tables(est, names, best, seeds, label)
     write_csv(os.path.join(exp.out, "noise.csv"), list(noise_rows[0]), noise_rows)
-
-    choice_rows, choice_body = [], []
-    for c in names:
-        tune_c = {(lr, s): tune[(c, lr, s)] for lr in lrs for s in seeds}
-        test_c = {(lr, s): test[(c, lr, s)] for lr in lrs for s in seeds}
-        for size in sizes:
-            for rule, r in lr_choice(tune_c, test_c, lrs, seeds, size).items():
-                choice_rows.append({"config": label[c], "tuning_seeds": size, "rule": rule, **r})
-                choice_body.append([label[c], size, rule, r["sets"], fmt(r["mean_regret"]), fmt(r["max_regret"]),
-                                    fmt(r["sd_of_mean"]), f"{r['share_overall_best']:.0%}"])
+    choice_rows, choice_body = choice_tables(tune, test, names, lrs, seeds, sizes, label)
     write_csv(os.path.join(exp.out, "lr_choice.csv"), list(choice_rows[0]), choice_rows)
 
     refs = _common.reference_losses(args.data_dir)
