@@ -31,17 +31,17 @@ class WeightAverage:
     def __init__(self, model: nn.Module, decay: float):
         self.decay = decay
         self.average = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self._floats = [k for k, v in self.average.items() if v.is_floating_point()]  # averaged; the rest copied
+        self._others = [k for k in self.average if k not in self._floats]
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
         state = model.state_dict()
-        floats = [k for k, v in self.average.items() if v.is_floating_point()]
         # lerp: a + w (b - a) = decay * a + (1 - decay) * b for w = 1 - decay
-        torch._foreach_lerp_([self.average[k] for k in floats], [state[k].detach() for k in floats],
+        torch._foreach_lerp_([self.average[k] for k in self._floats], [state[k].detach() for k in self._floats],
                              1.0 - self.decay)
-        for k, v in self.average.items():
-            if not v.is_floating_point():
-                v.copy_(state[k])
+        for k in self._others:
+            self.average[k].copy_(state[k])
 
     def state_dict(self) -> dict:
         return {k: v.detach().cpu().clone() for k, v in self.average.items()}
