@@ -327,7 +327,8 @@ def modern_block_problems(cfg: GPTConfig) -> list[str]:
                         "leave init_depth_factor unset")
     if placement is not None and placement.on_sphere:
         why = f"norm_placement {cfg.norm_placement} keeps the stream and the weights on the unit sphere"
-        asked = [(cfg.mlp != "gelu", f"its MLP scaling (s_u) is written for the gelu MLP here; set mlp gelu"),
+        asked = [(cfg.mlp not in ("gelu", "swiglu"), "its MLP scaling (s_u, s_nu) is written for the gelu and "
+                                                     f"swiglu MLPs here, not mlp {cfg.mlp}; set mlp gelu or swiglu"),
                  (cfg.zero_init_proj, "a zero matrix has no direction to put on the sphere; set "
                                        "zero_init_proj false"),
                  (cfg.residual_lambdas, "its stream moves by the alphas and stays on the sphere, which "
@@ -655,10 +656,26 @@ class FeedForward(nn.Module):
 
     ``fc`` (the input matrix, for swiglu the gate) and ``proj`` (the one that writes into the residual
     stream) keep their names in every variant: babygpt/init.py scales ``proj`` by depth, and nGPT
-    reads both. Under nGPT (``on_sphere``, gelu only) the hidden pre-activation is multiplied by s_u
-    sqrt(C) (``su``, effective init 1): the input and fc's rows are unit vectors, so without it every
-    pre-activation would be a cosine of size about 1/sqrt(C), where GELU is nearly linear (nGPT §2.4;
-    its code scales its SwiGLU input, both halves, the same way)."""
+    reads both. Under nGPT (``on_sphere``; gelu or swiglu, relu2 is refused) fc's output is
+    multiplied by ``su`` sqrt(C) (a ``Scale`` vector, effective init 1, scale 1): the input and fc's
+    rows are unit vectors, so without it every pre-activation would be a cosine of size about
+    1/sqrt(C), where GELU and SiLU are nearly linear. With swiglu, ``up``'s output is multiplied by
+    ``su_up`` sqrt(C) (the same init and scale), and GPT.after_step keeps ``up``'s rows on the sphere
+    like fc's::
+
+        nGPT swiglu:  proj(SiLU(fc(x) * su sqrt(C)) * (up(x) * su_up sqrt(C)))
+
+    nGPT §2.4.2 (Loshchilov et al. 2024, arXiv:2410.01131, eqs. 20-21; §2.6 item 5 gives s_u and
+    s_ν init 1, scale 1): u <- u s_u, ν <- ν s_ν sqrt(d_model), so ``su`` is the paper's s_ν (on the
+    gate ν = ``fc``) and ``su_up`` its s_u (on u = ``up``). The paper puts sqrt(d_model) on ν only;
+    this follows the code (NVIDIA/ngpt model.py, ``Block.forward``: ``uv = suv * c_fc(hin)`` with
+    ``suv = self.suv * (suv_init_value / suv_init_scaling) * n_embd ** 0.5``, init 1 and scaling 1,
+    then ``u, v = torch.chunk(uv, 2)``, ``u * silu(v)``), whose one ``suv`` over the fused 2h input
+    scales both halves by sqrt(C). The difference is the constant sqrt(C) on u, which scales the MLP's
+    output as a whole; nGPT reads that output only normalized (and has no biases), so the two are the
+    same function of the parameters, forward and gradients alike (up to F.normalize's eps).
+    The code's hidden width is 4C per half, this project's ``ffn_hidden`` (8C/3); its gate and up are
+    one fused matrix, here two (``su`` keeps its name, so GELU checkpoints load unchanged)."""
 
     def __init__(self, cfg: GPTConfig, on_sphere: bool = False):
         super().__init__()
@@ -667,7 +684,9 @@ class FeedForward(nn.Module):
         self.fc = nn.Linear(cfg.n_embd, hidden, bias=cfg.bias)
         self.up = nn.Linear(cfg.n_embd, hidden, bias=cfg.bias) if cfg.mlp == "swiglu" else None
         self.proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)  # writes into the residual stream
-        self.su = Scale((hidden,), 1.0, 1.0) if on_sphere else None
+        self.su = Scale((hidden,), 1.0, 1.0) if on_sphere else None  # nGPT: on fc's output (for swiglu s_ν)
+        # nGPT with swiglu: on up's output (the paper's s_u), as the code's suv on its half u
+        self.su_up = Scale((hidden,), 1.0, 1.0) if on_sphere and self.up is not None else None
         self.width_factor = math.sqrt(cfg.n_embd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
@@ -677,7 +696,10 @@ class FeedForward(nn.Module):
         if self.kind == "relu2":
             h = F.relu(h).square()
         elif self.kind == "swiglu":
-            h = F.silu(h) * self.up(x)
+            u = self.up(x)  # (B, T, hidden)
+            if self.su_up is not None:
+                u = u * (self.su_up.value() * self.width_factor)
+            h = F.silu(h) * u
         else:
             h = F.gelu(h)
         return self.proj(h)
@@ -836,16 +858,18 @@ class GPT(QKClipMixin, nn.Module):
     def after_step(self) -> None:
         """After every optimizer step (and once at init): nGPT puts each matrix back on the unit
         sphere along its embedding dimension (the code's normalize_matrices): the rows of the token
-        embedding (and so of the tied LM head), of qkv (or q, k, v) and of fc, and the columns of the
-        two projections that write into the stream. Nothing for the other placements."""
+        embedding (and so of the tied LM head), of qkv (or q, k, v), of fc and (swiglu) of up, and the
+        columns of the two projections that write into the stream. Nothing for the other placements."""
         if not self.on_sphere:
             return
         matrices = [(self.tok_emb.weight, 1)]
         for block in self.blocks:
             sa = block.sa
             qkv = [sa.q.weight, sa.k.weight, sa.v.weight] if sa.split else [sa.qkv.weight]  # rows: the same
-            matrices += [(w, 1) for w in qkv] + [(sa.proj.weight, 0), (block.ffwd.fc.weight, 1),
-                                                 (block.ffwd.proj.weight, 0)]
+            ffwd = block.ffwd
+            up = [(ffwd.up.weight, 1)] if ffwd.up is not None else []  # swiglu: the code's c_fc, both halves
+            matrices += [(w, 1) for w in qkv] + [(sa.proj.weight, 0), (ffwd.fc.weight, 1)] + up + \
+                [(ffwd.proj.weight, 0)]
         for weight, dim in matrices:
             weight.copy_(F.normalize(weight.float(), dim=dim).to(weight.dtype))
 

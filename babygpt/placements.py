@@ -544,17 +544,28 @@ class NGPT(Placement):
     There are no norm layers: ``ln1``, ``ln2`` and ``ln_f`` are the identity (norm_type must be none).
     The rest of nGPT lives where the model already has a place for it: attention normalizes q and k
     per head, scales them by s_qk and uses sqrt(D), not 1/sqrt(D), as the softmax scale
-    (``MultiHeadAttention``, on_sphere); the MLP's hidden pre-activation is scaled by s_u sqrt(C)
-    (``FeedForward``); the logits by s_z (``GPT.logit_scale``); the embedding is normalized before
-    block 0; and every matrix is put back on the sphere along its embedding dimension at init and
-    after every optimizer step (``GPT.after_step``). nGPT trains with no weight decay, no warmup and
+    (``MultiHeadAttention``, on_sphere; with pos rope, q and k are rotated first, then normalized and
+    scaled, the code's order); the MLP's hidden pre-activation is scaled by s_u sqrt(C), with mlp
+    swiglu each half by its own vector (``su``, ``su_up``; ``FeedForward``); the logits by s_z
+    (``GPT.logit_scale``); the embedding is normalized before block 0; and every matrix is put back
+    on the sphere along its embedding dimension at init and after every optimizer step
+    (``GPT.after_step``). nGPT trains with no weight decay, no warmup and
     no dropout (config/ngpt.py; dropout is refused).
 
-    Where this differs from the paper and code, because the model's structure stays: the MLP is this
-    project's GELU MLP, not SwiGLU, so s_u scales fc's output (the code scales both halves of its
-    fused SwiGLU input by sqrt(C)); positions are learned embeddings added before the normalization,
-    not RoPE; the LM head is tied to the token embedding (the code unties them, but normalizes both
-    the same way, row by row, so a tied matrix is on the sphere for both uses); F.normalize's eps.
+    Where this differs from the paper and code, because the model's structure stays: the MLP is
+    this project's, by ``mlp``. With mlp swiglu (the paper's and the code's MLP) it is theirs: the
+    gate ν = fc times s_ν sqrt(C) (``su``) and u = up times s_u sqrt(C) (``su_up``), both init 1,
+    scale 1, as the code's ``suv`` (model.py ``Block.forward``) scales both halves of its fused c_fc
+    output by sqrt(n_embd); the paper (§2.4.2, eqs. 20-21) puts sqrt(d_model) on ν only, a constant
+    factor on the MLP's output that its normalization removes. Its hidden width is ``ffn_hidden``'s
+    8C/3, not the code's 4C per half. With mlp gelu (the default) s_u scales fc's output alone;
+    relu2 is refused. Positions: by default learned embeddings added before the normalization; pos
+    rope rotates q and k before they are normalized and scaled by s_qk, the code's order
+    (``Block.forward``: ``apply_rotary_position_embeddings``, then ``sqk * justnorm(q)``),
+    with this project's ``Rotary`` (the code's tables interleave sin and cos and then split them
+    in halves, so its angles are not RoFormer's). The LM head is tied to the token embedding (the
+    code unties them, but normalizes both the same way, row by row, so a tied matrix is on the
+    sphere for both uses); F.normalize's eps.
     """
 
     name = "ngpt"

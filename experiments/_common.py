@@ -474,8 +474,44 @@ def config_path(name: str) -> str:
     return os.path.join(ROOT, "config", name + ".py")
 
 
-def lr_overrides(lr: float) -> dict:
-    return {"learning_rate": lr, "min_lr": lr / 10}
+def lr_overrides(lr: float, muon: bool = False) -> dict:
+    """A grid point's keys: the peak LR and min_lr a tenth of it, so the schedule keeps its shape
+    across the grid. ``muon``: the run trains with optimizer muon, and its Muon group takes the same
+    LR (``muon_tie_problems`` says why that is one LR, not two)."""
+    return {"learning_rate": lr, "min_lr": lr / 10, **({"muon_lr": lr} if muon else {})}
+
+
+def resolved_keys(config: str, sets: list[str], keys: tuple[str, ...]) -> dict:
+    """{key: its value for a run of ``config`` under --set ``sets``}: the --set value, else the
+    config file's, else the default. A file or --set that cannot be read gives the default here;
+    the sweep's own check names that problem."""
+    from babygpt.config import parse_train_args
+
+    values, _, _ = parse_train_args([config, *(f"--{s}" for s in sets)])
+    return {k: values.get(k, FIELDS[k].default) for k in keys}
+
+
+def trains_with_muon(config: str, sets: list[str]) -> bool:
+    return resolved_keys(config, sets, ("optimizer",))["optimizer"] == "muon"
+
+
+def muon_tie_problems(configs: list[str], sets: list[str]) -> list[str]:
+    """An LR search over a configuration trained by Muon moves one LR: learning_rate (AdamW's, for the
+    embeddings, head, gains and scalars) and muon_lr (the blocks' matrices) together. That is Liu et
+    al. 2025 (arXiv:2502.16982, section 2.2) and their released code (MoonshotAI/Moonlight,
+    examples/toy_train.py: one lr for both groups): muon_adjust_lr match_rms_adamw scales Muon's update
+    to AdamW's RMS so that AdamW's LR and weight decay carry over. Under muon_adjust_lr original the
+    two groups' updates have different sizes, so one LR for both would not be a choice anyone tunes:
+    refused."""
+    problems = []
+    for config in configs:
+        keys = resolved_keys(config, sets, ("optimizer", "muon_adjust_lr"))
+        if keys["optimizer"] == "muon" and keys["muon_adjust_lr"] != "match_rms_adamw":
+            problems.append(f"{config} trains with optimizer muon and muon_adjust_lr {keys['muon_adjust_lr']}: the "
+                            f"LR search moves learning_rate and muon_lr together, which assumes Muon's update is "
+                            f"sized like AdamW's; use muon_adjust_lr match_rms_adamw (--set "
+                            f"muon_adjust_lr=match_rms_adamw)")
+    return problems
 
 
 def floats(text: str) -> list[float]:

@@ -28,7 +28,11 @@ path and the pairs it used. The robustness runs (step 3) are the first look's se
 "Loss" is the final evaluation of the validation split's test part (test_loss), and LRs are tuned on
 its other part (tune_loss); runs from before that split was recorded are tuned and reported on the
 whole split (val_loss_full), as the report says (babygpt.verdicts.loss_split). min_lr is always lr / 10,
-so the schedule keeps its shape across the grid.
+so the schedule keeps its shape across the grid. A configuration trained by Muon (optimizer muon in its
+file or --set) tunes one LR for both of its groups, muon_lr = learning_rate, as Liu et al. 2025
+(arXiv:2502.16982, section 2.2) and their code do (_common.muon_tie_problems); that needs
+muon_adjust_lr match_rms_adamw (the default). --set optimizer=muon trains every configuration's block
+by Muon; nGPT refuses it.
 
 Tiers: --quick checks the pipeline (tiny model, 2 LRs, no extension); the default uses
 _common.DEFAULT_BUDGET with 400 iterations; --full uses train.py's own budget (2,400 iterations)
@@ -146,7 +150,9 @@ class Exp2Options(_common.TrainingOptions):
                             f"configurations to --configs")
         if self.margin is not None and not (self.margin > 0 and math.isfinite(self.margin)):
             problems.append(f"--margin takes a positive number of nats, got {self.margin}")
-        return problems + self.looks_problems(names) + self.tuned_from_problems()
+        existing = [c for c in self.config_files() if os.path.isfile(c)]
+        return problems + self.looks_problems(names) + self.tuned_from_problems() + \
+            _common.muon_tie_problems(existing, self.set)
 
     def tuned_from_problems(self) -> list[str]:
         """--tuned_from is read where a search starts around earlier LRs: --full or --beyond without --lrs."""
@@ -194,18 +200,23 @@ class Plan:
     base_args: list = field(default_factory=list)
     tuning_runs: list = field(default_factory=list)  # every tuning run asked for so far, in order
     looks: list = field(default_factory=list)  # --looks: the pairs at each look ([]: one look at every seed)
+    muon: frozenset = frozenset()  # the configurations trained by optimizer muon: their LR moves muon_lr too
+
+    def run(self, name: str, lr: float, seed: int) -> Run:
+        """Configuration ``name``'s run at grid point ``lr`` (_common.lr_overrides) and ``seed``."""
+        return Run(lr_overrides(lr, name in self.muon), seed, self.configs[name])
 
     def tuning(self, wanted: dict) -> dict:
         """{name: {lr: [the runs of each tuning seed]}} for the LRs ``wanted`` ({name: [lrs]})."""
-        return {name: {lr: [Run(lr_overrides(lr), s, self.configs[name]) for s in self.tune_seeds] for lr in lrs}
+        return {name: {lr: [self.run(name, lr, s) for s in self.tune_seeds] for lr in lrs}
                 for name, lrs in wanted.items()}
 
     def seed_runs(self, lrs: dict, counts: dict | None = None) -> dict:
         """{name: the runs of the evaluation seeds at lrs[name]} (none where there is no LR): the first
         counts[name] seeds where ``counts`` is given, else all of them."""
         seeds = {name: self.seeds[:counts[name]] if counts else self.seeds for name in self.configs}
-        return {name: [Run(lr_overrides(lrs[name]), s, self.configs[name]) for s in seeds[name]] if lrs.get(name)
-                else [] for name in self.configs}
+        return {name: [self.run(name, lrs[name], s) for s in seeds[name]] if lrs.get(name) else []
+                for name in self.configs}
 
     def runner_up_runs(self, second: dict) -> dict:
         """{name: the evaluation seeds' runs at its runner-up LR second[name]} for the sides
@@ -246,7 +257,8 @@ def main(argv):
     looks = args.look_list()
     plan = Plan(tier, _common.output_path(args, NAME), configs, args.baseline or next(iter(configs)),
                 start_grids(args, tier, configs, tuned_from), list(range(n_tune)),
-                list(range(n_tune, n_tune + (looks[-1] if looks else args.seeds or SEEDS[tier]))), args, looks=looks)
+                list(range(n_tune, n_tune + (looks[-1] if looks else args.seeds or SEEDS[tier]))), args, looks=looks,
+                muon=frozenset(n for n, c in configs.items() if _common.trains_with_muon(c, args.set)))
     outcome = train(args, plan)
     write_results(args, plan, outcome, tuned_from, started)
     return 0
@@ -347,11 +359,11 @@ def write_results(args, plan: Plan, outcome: Outcome, tuned_from: str, started) 
     how = (f"LR searched from {search_start(plan, tuned_from)} on tuning {tune} (half-decade steps beyond an "
            f"edge while the best mean loss is there, at most {EXTENSIONS[plan.tier]} a side, then the "
            f"quarter-decade points beside the best), then evaluation ")
-    initial = {name: initial_loss(sweep.out_dir(Run(lr_overrides(plan.grids[name][0]), plan.tune_seeds[0], path)))
-               for name, path in plan.configs.items()}
+    initial = {name: initial_loss(sweep.out_dir(plan.run(name, plan.grids[name][0], plan.tune_seeds[0])))
+               for name in plan.configs}
     trained = {config_name(r.config) for r in plan.tuning_runs if rows[r.name]["status"] == "finished"}
     sensitivities = sensitivities_over_one_grid(plan.grids, outcome.means, initial, trained)
-    sections = [f"Tier `{plan.tier}`. Budget per run: {budget or 'train.py defaults'}; min_lr = lr/10; {how}"
+    sections = [f"Tier `{plan.tier}`. Budget per run: {budget or 'train.py defaults'}; min_lr = lr/10{muon_tie(plan)}; {how}"
                 f"{seeds} at each configuration's tuned LR, paired with {plan.baseline}. {splits(plan, outcome)} "
                 f"{verdict_rule(len(plan.configs) - 1, margin, args.margin, refs.get('unigram'), plan.looks)} "
                 f"{_common.training_time(rows.values())}."
@@ -369,6 +381,15 @@ def write_results(args, plan: Plan, outcome: Outcome, tuned_from: str, started) 
     sections.append("![](lr_sensitivity.png)")
     _common.write_report(os.path.join(plan.out, "report.md"), "Normalization configurations compared",
                          _common.command_line(), "\n\n".join(sections), started)
+
+
+def muon_tie(plan: Plan) -> str:
+    """The report's words on the LR that Muon's configurations tune (_common.muon_tie_problems)."""
+    if not plan.muon:
+        return ""
+    names = ", ".join(n for n in plan.configs if n in plan.muon)
+    return (f"; under optimizer muon ({names}) muon_lr = lr as well, one LR for both groups as Liu et al. 2025 "
+            f"(arXiv:2502.16982) tune it with muon_adjust_lr match_rms_adamw")
 
 
 def splits(plan: Plan, outcome: Outcome) -> str:

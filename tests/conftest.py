@@ -24,9 +24,8 @@ ONE_WORKER_MODULES = {"test_faults", "test_distributed", "test_sweep", "test_plo
                       "test_compare_runs", "test_half"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the mark into the test's id
 def pytest_collection_modifyitems(config, items):
-    import pytest
-
     for item in items:
         module = item.module.__name__.rpartition(".")[2]
         if module in ONE_WORKER_MODULES:

@@ -15,7 +15,7 @@ LAYERS = {  # docs/architecture.md's table, lowest first
     "training": ["config", "optim", "step", "averaging", "distributed", "trainer", "sampling", "cli"],
     "study": ["runstore", "sweepdir", "sweep", "launcher", "scaleout", "tuning", "verdicts", "compare_runs", "plot", "references",
               "experimentdir", "bench"],
-    "maintenance": ["doctables", "docfigures", "docverdicts", "resultsindex"],
+    "maintenance": ["doctables", "docfigures", "docverdicts", "resultsindex", "rankings"],
 }
 LEVEL = {module: level for level, modules in enumerate(LAYERS.values()) for module in modules}
 NAMES = list(LAYERS)
@@ -122,3 +122,20 @@ def test_the_front_page_stays_two_screens():
     configs, the bottom line and links; the rest lives in docs/."""
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         assert len(f.read().splitlines()) <= 250
+
+
+def test_the_costly_modules_tests_are_grouped_onto_one_worker(request):
+    """Under pytest-xdist's --dist loadgroup (pytest.ini), each test of conftest.ONE_WORKER_MODULES
+    carries its module's group in its id, which is what keeps the module on one worker (and its
+    module fixtures built once). pytest 9 broke that silently with pytest-xdist 3.8: requirements.txt."""
+    import pytest
+
+    from conftest import ONE_WORKER_MODULES
+
+    if not (os.environ.get("PYTEST_XDIST_WORKER") and request.config.getvalue("loadgroup")):
+        pytest.skip("not run by a pytest-xdist worker under --dist loadgroup")
+    items = [i for i in request.session.items if i.module.__name__.rpartition(".")[2] in ONE_WORKER_MODULES]
+    if not items:
+        pytest.skip("none of the costly modules was collected with this test")
+    ungrouped = [i.nodeid for i in items if not i.nodeid.endswith("@" + i.module.__name__.rpartition(".")[2])]
+    assert not ungrouped, f"{len(ungrouped)} tests without their group, e.g. {ungrouped[0]}"

@@ -392,7 +392,8 @@ def test_results_made_before_an_option_existed_are_the_same_settings_while_it_is
 # --collect with --overwrite can never complete: the runs it would read are the ones it would move aside.
 BAD_LATE_OPTIONS = [["--jobs=0"], ["--gpus=0"], ["--collect"]]
 TRAINING_EXPERIMENTS = ["exp2_norm_comparison", "exp3_prenorm_vs_postnorm", "exp6_postln_collapse",
-                        "exp7_lr_sensitivity", "exp8_dyt_saturation", "exp9_fp16_overflow", "exp16_noise"]
+                        "exp7_lr_sensitivity", "exp8_dyt_saturation", "exp9_fp16_overflow", "exp16_noise",
+                        "exp18_qk_stability"]
 
 
 @pytest.mark.parametrize("bad", BAD_LATE_OPTIONS, ids=lambda b: b[0])

@@ -256,6 +256,44 @@ def test_proxy_ranks_the_shared_configurations_and_marks_verdicts_that_flip(tmp_
     assert not (tmp_path / "p2").exists()
 
 
+def test_transfer_compares_each_stack_with_the_reference_and_says_how_each_verdict_moved(tmp_path, monkeypatch,
+                                                                                           capsys):
+    from babygpt import cli
+    from babygpt.rankings import transfer
+
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    monkeypatch.chdir(tmp_path)
+    import exp17_transfer as exp17
+
+    tier_report(tmp_path / "adamw", [("base", 2.10, "—"), ("a", 2.20, "worse"), ("b", 2.05, "better"),
+                                     ("c", 2.12, "inconclusive (3 pairs)"), ("ngpt", 2.0, "better")])
+    tier_report(tmp_path / "muon", [("base", 1.60, "—"), ("a", 1.58, "better"), ("b", 1.55, "better"),
+                                    ("c", 1.65, "worse")])
+    tier_report(tmp_path / "modern", [("base", 1.60, "—"), ("a", 1.70, "inconclusive"), ("b", 1.50, "better"),
+                                      ("c", 1.62, "equivalent within ±0.010"), ("ngpt", 1.4, "better")])
+    assert cli.run(exp17.main, ["--stacks=ref=adamw,m=muon,mod=modern", "--out=transfer"]) == 0
+    report = (tmp_path / "transfer" / "report.md").read_text()
+    tau = report_rows(report, "tau")
+    # muon over base, a, b, c: ref order b < base < c < a, muon's b < a < base < c: 2 of 6 pairs swap
+    assert tau[1][:3] == ["m", "4", "+0.333"]
+    assert tau[2][:3] == ["mod", "5", f"{1.0:+.3f}"]  # the same order over the five both hold
+    verdicts = {row[0]: row for row in report_rows(report, "verdicts")[1:]}
+    assert verdicts["a"] == ["a", "worse (2.200)", "better (1.580)", "inconclusive (1.700)", "reversed", "lost"]
+    assert verdicts["c"][4:] == ["appears", "appears"]
+    assert verdicts["ngpt"][2] == "not run" and verdicts["ngpt"][4:] == ["not run", "holds"]
+    assert verdicts["base"][4:] == ["holds", "holds"]
+    assert transfer("equivalent within ±0.010", "better") == "changed"
+    assert transfer("better", "equivalent within ±0.020") == "changed"
+    rows = (tmp_path / "transfer" / "results.csv").read_text().splitlines()
+    assert rows[0] == "configuration,stack,mean_loss,verdict" and len(rows) == 1 + 5 + 4 + 5
+    assert_refused_in_process(exp17.main, ["--stacks=ref=adamw,m=nowhere", "--out=t2"], capsys,
+                              "nowhere/report.md not found")
+    assert_refused_in_process(exp17.main, ["--stacks=ref=adamw,adamw", "--out=t2"], capsys, "is not LABEL=DIR")
+    assert_refused_in_process(exp17.main, ["--stacks=ref=adamw,ref=muon", "--out=t2"], capsys, "names a label twice")
+    assert_refused_in_process(exp17.main, ["--stacks=ref=adamw", "--out=t2"], capsys, "at least one other stack")
+    assert not (tmp_path / "t2").exists()
+
+
 @pytest.mark.parametrize("row", ["| a | 0.001 | lots ± 0.010 | worse |", "| a | 0.001 |", "| a | 0.001 | inf | worse |"])
 def test_proxy_refuses_a_damaged_row_by_report_and_row(row, tmp_path, monkeypatch, capsys):
     monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
@@ -282,7 +320,7 @@ def test_proxy_says_tau_is_undefined_where_a_tier_ties_every_configuration(tmp_p
     tier_report(tmp_path / "long", [("base", 1.60, "—"), ("a", 1.58, "inconclusive"), ("b", 1.55, "better")])
     assert cli.run(exp12.main, ["--tiers=short,long", "--out=proxy"]) == 0
     tau = report_rows((tmp_path / "proxy" / "report.md").read_text(), "tau")
-    assert tau[1][3:5] == ["undefined (one tier ties them all)", "—"]
+    assert tau[1][3:5] == ["undefined (one table ties them all)", "—"]
     assert "nan" not in (tmp_path / "proxy" / "report.md").read_text()
 
 
@@ -410,6 +448,35 @@ def test_exp2_options_are_checked_together(monkeypatch):
         assert fragment in joined
     with pytest.raises(BabyGPTError, match="--beyond is a tier of its own"):
         _common.parse(Exp2Options, ["--full", "--beyond"], "exp2", "doc")
+
+
+def test_exp2_tunes_one_lr_for_both_of_muons_groups_and_refuses_the_unmatched_update_size(tmp_path, monkeypatch):
+    """Under optimizer muon (a config file's or --set's) a grid point sets muon_lr = learning_rate, as
+    Liu et al. 2025 tune it; AdamW's configurations keep their two keys. muon_adjust_lr original is
+    refused before anything is written."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import _common
+    import exp2_norm_comparison as exp2
+
+    rms, modern = exp2.config_path("prenorm_rms"), exp2.config_path("modern_rms")
+    assert not _common.trains_with_muon(rms, []) and _common.trains_with_muon(modern, [])
+    assert _common.trains_with_muon(rms, ["optimizer=muon"]) and not _common.trains_with_muon(modern, ["optimizer=adamw"])
+    plan = exp2.Plan("default", str(tmp_path), {"prenorm_rms": rms, "modern_rms": modern}, "prenorm_rms", {}, [0, 1],
+                     [2, 3], muon=frozenset({"modern_rms"}))
+    assert plan.run("prenorm_rms", 3e-3, 2).overrides == {"learning_rate": 3e-3, "min_lr": 3e-3 / 10}
+    assert plan.run("modern_rms", 3e-3, 2).overrides == {"learning_rate": 3e-3, "min_lr": 3e-3 / 10, "muon_lr": 3e-3}
+    assert {r.overrides["muon_lr"] for rs in plan.tuning({"modern_rms": [1e-3, 1e-2]})["modern_rms"].values()
+            for r in rs} == {1e-3, 1e-2}
+    assert exp2.muon_tie(plan).startswith("; under optimizer muon (modern_rms) muon_lr = lr as well")
+    assert exp2.muon_tie(exp2.Plan("default", str(tmp_path), {"prenorm_rms": rms}, "prenorm_rms", {}, [0, 1], [2])) == ""
+    with pytest.raises(BabyGPTError) as e:
+        _common.parse(exp2.Exp2Options, [f"--configs={rms},{modern}", "--set=muon_adjust_lr=original"], "exp2", "doc")
+    assert e.value.problems == [f"{modern} trains with optimizer muon and muon_adjust_lr original: the LR search moves "
+                                f"learning_rate and muon_lr together, which assumes Muon's update is sized like "
+                                f"AdamW's; use muon_adjust_lr match_rms_adamw (--set muon_adjust_lr=match_rms_adamw)"]
+    with pytest.raises(BabyGPTError, match="--set muon_lr has no effect: each run's muon_lr is set by the sweep's own"):
+        _common.budget_args(_common.parse(exp2.Exp2Options, ["--set=muon_lr=0.02"], "exp2", "doc"), {},
+                            [plan.run("modern_rms", 3e-3, 2)])
 
 
 def test_exp2_beyond_tier_trains_the_frontiers_point_from_the_lrs_an_earlier_tier_tuned(tmp_path, monkeypatch):
@@ -1179,6 +1246,8 @@ LIST_OPTIONS = {
     "exp14_five_minutes": set(),
     "exp15_time_to_target": set(),
     "exp16_noise": {"configs", "lrs", "tuning_seeds", *REUSE},
+    "exp17_transfer": {"stacks"},
+    "exp18_qk_stability": {"lrs", *REUSE},
 }
 
 
@@ -1360,3 +1429,34 @@ def test_exp16_refuses_what_it_cannot_score(capsys):
     assert_refused_in_process(exp16.main, ["--quick", "--configs=config/prenorm_rms.py"], capsys,
                               "--configs needs a baseline and at least one configuration")
     assert_refused_in_process(exp16.main, ["--full"], capsys, "--full is not a tier of this experiment")
+
+
+def test_exp18_maps_each_arm_at_every_muon_lr_with_its_largest_logit_and_failures(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp18_qk_stability as exp18
+
+    runs = exp18.arm_runs([0.01, 0.3], 2, 100.0, 25)
+    assert len(runs) == 3 * 2 * 2 and len({r.name for r in runs.values()}) == 12
+    for (arm, lr, seed), run in runs.items():
+        assert run.seed == seed and run.overrides["optimizer"] == "muon" and run.overrides["muon_lr"] == lr
+        assert "learning_rate" not in run.overrides and run.overrides["diag_interval"] == 25
+        assert (run.overrides.get("qk_clip_tau") == 100.0) == (arm == "QK-Clip")
+        assert run.config.endswith("prenorm_rms_qknorm.py" if arm == "QK-norm" else "prenorm_rms.py")
+    metrics = [{"iter": 10, "loss": 3.0}, {"iter": 25, "attn_logit_max": [1.5, 7.25]},
+               {"iter": 30, "qk_clipped_heads": 2}, {"iter": 40, "qk_clipped_heads": 0},
+               {"iter": 50, "attn_logit_max": [3.0, 2.0], "qk_clipped_heads": 1}]
+    assert exp18.largest_logit(metrics) == 7.25 and exp18.largest_logit(metrics[:1]) is None
+    assert exp18.clipped_steps(metrics) == 2
+    results = [{"arm": "QK-Clip", "muon_lr": 0.3, "seed": 0, "status": "finished", "final_loss": 2.0,
+                "max_attn_logit": 120.0, "clipped_steps": 3},
+               {"arm": "QK-Clip", "muon_lr": 0.3, "seed": 1, "status": "collapsed", "final_loss": 4.1,
+                "max_attn_logit": 90.0, "clipped_steps": 1},
+               {"arm": "no QK-norm", "muon_lr": 0.3, "seed": 0, "status": "diverged", "final_loss": math.inf,
+                "max_attn_logit": None, "clipped_steps": 0}]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in exp18.map_table(results, [0.3]).splitlines()]
+    rows = {(row[0], row[1]): row[2:] for row in cells[2:]}
+    assert rows["QK-Clip", "0.3"] == ["120.0", "1 of 2", "2.0000", "4"]
+    assert rows["no QK-norm", "0.3"] == ["—", "1 of 1", "—", ""]
+    assert rows["QK-norm", "0.3"] == ["—", "0 of 0", "—", ""]
+    assert_refused_in_process(exp18.main, ["--quick", "--seeds=0", "--qk_clip_tau=-1", "--lrs=0.1,0.1"], capsys,
+                              "--seeds must be at least 1")

@@ -316,7 +316,7 @@ def test_diagnostics_log_the_max_attention_logit_per_head():
     (dict(pos="rope", n_embd=30, n_head=2), "head size n_embd / n_head must be even"),
     (dict(pos="alibi"), "unknown pos 'alibi'"),
     (dict(mlp="swish"), "unknown mlp 'swish'"),
-    (dict(norm_placement="ngpt", norm_type="none", mlp="swiglu"), "set mlp gelu"),
+    (dict(norm_placement="ngpt", norm_type="none", mlp="relu2"), "set mlp gelu or swiglu"),
     (dict(norm_placement="ngpt", norm_type="none", residual_lambdas=True), "set residual_lambdas false"),
     (dict(norm_placement="ngpt", norm_type="none", zero_init_proj=True), "set zero_init_proj false"),
     (dict(zero_init_proj=True, residual_gate="rezero", norm_type="none"), "neither gets a gradient"),

@@ -942,6 +942,81 @@ def test_ngpt_mlp_logits_and_embedding_follow_the_paper():
     assert_close(model(idx)[0], model.lm_head(model.hidden(idx)) * torch.linspace(1.0, 3.0, 29))
 
 
+def test_ngpt_swiglu_scales_both_halves_by_their_own_vector_times_sqrt_c():
+    """nGPT §2.4.2 (eqs. 20-21) with the code's suv (NVIDIA/ngpt model.py): the gate nu = fc(x)
+    times s_nu sqrt(C) (su), u = up(x) times s_u sqrt(C) (su_up; the paper has no sqrt(C) on u),
+    both effective init 1; proj(u * SiLU(nu))."""
+    model = ngpt(mlp="swiglu")
+    ffwd = model.blocks[0].ffwd
+    hidden = ffwd.fc.out_features
+    assert (hidden, ffwd.up.out_features) == (88, 88)  # ffn_hidden: 8 * 32 / 3 -> 88
+    for s in (ffwd.su, ffwd.su_up):
+        assert (s.init, s.scale) == (1.0, 1.0)
+        assert_close(s.value(), torch.ones(hidden))
+    s_nu, s_u = torch.linspace(0.5, 2.0, hidden), torch.linspace(1.5, 0.25, hidden)
+    with torch.no_grad():
+        ffwd.su.weight.copy_(s_nu)
+        ffwd.su_up.weight.copy_(s_u)
+    x = unit(torch.randn(2, 6, 32))
+    nu = x @ ffwd.fc.weight.T * s_nu * math.sqrt(32)
+    u = x @ ffwd.up.weight.T * s_u * math.sqrt(32)
+    assert_close(ffwd(x), (u * nu * torch.sigmoid(nu)) @ ffwd.proj.weight.T)
+    # the GELU MLP's names stay what its checkpoints hold: su only
+    gelu = ngpt().blocks[0].ffwd
+    assert gelu.up is None and gelu.su_up is None
+    assert {k for k in ngpt().state_dict() if ".ffwd." in k} == {
+        f"blocks.{i}.ffwd.{n}" for i in range(2) for n in ("fc.weight", "proj.weight", "su.weight")}
+    assert {k for k in model.state_dict() if ".ffwd." in k} == {
+        f"blocks.{i}.ffwd.{n}" for i in range(2)
+        for n in ("fc.weight", "up.weight", "proj.weight", "su.weight", "su_up.weight")}
+
+
+def test_ngpt_swiglu_keeps_up_rows_on_the_sphere_and_su_up_undecayed():
+    """after_step normalizes up's rows like fc's (the code's c_fc holds both halves, normalized
+    along dim 1), at init and after a step; su_up is a scale like su, never weight-decayed."""
+    model = ngpt(mlp="swiglu")
+    ones = torch.ones(88)
+    for b in model.blocks:
+        assert_close(b.ffwd.up.weight.norm(dim=1), ones)
+    optimizer = model.configure_optimizers(0.1, 1e-2)
+    no_decay = {id(p) for g in optimizer.param_groups if g["weight_decay"] == 0 for p in g["params"]}
+    assert all(id(b.ffwd.su_up.weight) in no_decay and id(b.ffwd.su.weight) in no_decay for b in model.blocks)
+    idx = torch.randint(29, (2, 16))
+    model(idx, idx)[1].backward()
+    optimizer.step()
+    assert not all(torch.allclose(b.ffwd.up.weight.norm(dim=1), ones) for b in model.blocks)  # moved off
+    model.after_step()
+    for b in model.blocks:
+        assert_close(b.ffwd.up.weight.norm(dim=1), ones)
+        assert_close(b.ffwd.fc.weight.norm(dim=1), ones)
+        assert_close(b.ffwd.proj.weight.norm(dim=0), ones)  # (32, 88): its columns
+
+
+def test_ngpt_accepts_swiglu_and_refuses_relu2():
+    assert GPTConfig.problems(tiny_config(norm_placement="ngpt", norm_type="none", mlp="swiglu")) == []
+    with pytest.raises(BabyGPTError, match="set mlp gelu or swiglu") as err:
+        tiny_config(norm_placement="ngpt", norm_type="none", mlp="relu2")
+    assert any("not mlp relu2" in p for p in err.value.problems)
+
+
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_ngpt_swiglu_trains_a_few_steps_with_finite_falling_loss(pos):
+    torch.manual_seed(0)
+    model = ngpt(mlp="swiglu", pos=pos)
+    optimizer = model.configure_optimizers(0.0, 1e-2)
+    idx = torch.randint(29, (4, 16))
+    losses = []
+    for _ in range(8):
+        loss = model(idx, idx)[1]
+        losses.append(loss.item())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        model.after_step()
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
+    assert all(p.grad is not None for b in model.blocks for p in (b.ffwd.su.weight, b.ffwd.su_up.weight))
+
+
 def test_ngpt_eigen_learning_rates_start_at_0_05_and_no_scale_is_decayed():
     model = ngpt()
     for b in model.blocks:
