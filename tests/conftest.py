@@ -28,7 +28,7 @@ ONE_WORKER_MODULES = {"test_faults", "test_distributed", "test_sweep", "test_plo
 def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.module.__name__.rpartition(".")[2]
-        if module in ONE_WORKER_MODULES:
+        if module in ONE_WORKER_MODULES and item.get_closest_marker("xdist_group") is None:  # (test_faults: its own)
             item.add_marker(pytest.mark.xdist_group(module))
 sys.path.insert(0, ROOT)
 

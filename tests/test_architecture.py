@@ -126,8 +126,8 @@ def test_the_front_page_stays_two_screens():
 
 def test_the_costly_modules_tests_are_grouped_onto_one_worker(request):
     """Under pytest-xdist's --dist loadgroup (pytest.ini), each test of conftest.ONE_WORKER_MODULES
-    carries its module's group in its id, which is what keeps the module on one worker (and its
-    module fixtures built once). pytest 9 broke that silently with pytest-xdist 3.8: requirements.txt."""
+    carries its group in its id (its module's, or in test_faults its scenario's), which is what keeps
+    the group on one worker (and its module fixtures built once). pytest 9 broke that silently with pytest-xdist 3.8: requirements.txt."""
     import pytest
 
     from conftest import ONE_WORKER_MODULES
@@ -137,5 +137,5 @@ def test_the_costly_modules_tests_are_grouped_onto_one_worker(request):
     items = [i for i in request.session.items if i.module.__name__.rpartition(".")[2] in ONE_WORKER_MODULES]
     if not items:
         pytest.skip("none of the costly modules was collected with this test")
-    ungrouped = [i.nodeid for i in items if not i.nodeid.endswith("@" + i.module.__name__.rpartition(".")[2])]
+    ungrouped = [i.nodeid for i in items if "@" not in i.nodeid.rpartition("::")[2]]
     assert not ungrouped, f"{len(ungrouped)} tests without their group, e.g. {ungrouped[0]}"

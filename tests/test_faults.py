@@ -784,8 +784,20 @@ def _not(predicate):
     return lambda p: not predicate(p)
 
 
+# Under pytest-xdist (conftest.ONE_WORKER_MODULES) each scenario's tests go to one worker, so that its
+# module fixture is built once; the scenarios themselves spread over the workers. A scenario built on
+# another's (resume and the full disk on training) shares its group.
+GROUPS = {"train_scenario": "faults-train", "resume_scenario": "faults-train", "full_disk": "faults-train",
+          "eio_scenario": "faults-eio", "sweep_scenario": "faults-sweep",
+          "exp1_rerun_scenario": "faults-exp1-rerun", "exp1_overwrite_scenario": "faults-exp1-overwrite"}
+
+
+def grouped(scenario):
+    return pytest.mark.xdist_group(GROUPS[scenario])
+
+
 def case(scenario, invariant, kinds, where=everywhere, bug=None):
-    marks = [pytest.mark.xfail(strict=True, reason=bug)] if bug else []
+    marks = [grouped(scenario)] + ([pytest.mark.xfail(strict=True, reason=bug)] if bug else [])
     return pytest.param(scenario, kinds, where, id=f"{scenario.removesuffix('_scenario')}-{invariant}", marks=marks)
 
 
@@ -827,6 +839,7 @@ def test_fault_points(scenario, kinds, where, request):
     assert not broken, f"{len(broken)} violations at {len(points)} fault points:\n" + "\n".join(broken[:20])
 
 
+@grouped("sweep_scenario")
 def test_sweep_script_exits_2_on_a_fault_in_the_sweep_process(base, data_dir, sweep_scenario):
     """experiments/sweep.py itself, as a process (the scenario runs its main in this one): a fault in
     its own first write (binding a run's name) is one 'error:' line naming the file, exit 2."""
@@ -890,6 +903,7 @@ def full_disk(base, data_dir, train_scenario):
     return outcomes
 
 
+@grouped("full_disk")
 def test_a_full_disk_leaves_whole_files_and_a_resumable_run(full_disk):
     """At every fill level: every file whole, no temporary file left, and once space is freed the run
     completes (resuming from its checkpoint) to the uninterrupted run's results."""
@@ -899,11 +913,13 @@ def test_a_full_disk_leaves_whole_files_and_a_resumable_run(full_disk):
     assert not problems, [str(v) for v in problems]
 
 
+@grouped("full_disk")
 def test_a_disk_full_from_the_start_exits_2_naming_the_file(full_disk):
     at_failure, _, _ = full_disk["full from the start"]
     assert not at_failure, [str(v) for v in at_failure]
 
 
+@grouped("full_disk")
 def test_a_disk_that_fills_mid_run_exits_2_naming_the_file(full_disk):
     problems = [v for at_failure, _, _ in full_disk.values() for v in at_failure if v.kind in ERROR_EXIT]
     assert not problems, [str(v) for v in problems]

@@ -140,7 +140,7 @@ def test_sigkill_at_random_moments_always_resumes(data_dir, tmp_path):
     time the next run continues from what is on disk, and the final metrics equal an unkilled run's.
     Each kill waits for its target iteration to be logged, so the number of kills does not depend on
     how fast the machine is; where in the step, eval or write the SIGKILL lands is up to the moment."""
-    max_iters = 160
+    max_iters = 80
     args = [f"--max_iters={max_iters}", "--eval_interval=4", "--eval_iters=1", "--log_interval=2"]
     reference = tmp_path / "reference"
     train(load_config(once(f"--data_dir={data_dir}", f"--out_dir={reference}", *TINY_TRAIN_ARGS, *args)))
@@ -149,9 +149,9 @@ def test_sigkill_at_random_moments_always_resumes(data_dir, tmp_path):
     # One target in each quarter of the run, alternately an eval row (iter % 4 == 0: logged just
     # before its checkpoint is written; the kill waits for that write to be under way, for at most
     # two more iterations) and a plain log row (iter % 4 == 2: the kill lands in the steps, or the
-    # eval, that follow). Every one is a kill: the last leaves 34 iterations, 8 checkpoints and the
+    # eval, that follow). Every one is a kill: the last leaves 18 iterations, 4 checkpoints and the
     # final evaluation before the run's end.
-    targets = [28, 62, 92, 126]
+    targets = [12, 30, 44, 62]
     kills, resumed_from, half_written = 0, [], 0
     for aim in targets:
         ckpt = out / "ckpt.pt"
