@@ -24,16 +24,19 @@ def missing_reports(specs: list[str], option: str) -> list[str]:
 
 def read_table(spec: str) -> dict:
     """{configuration: (mean loss, verdict)} over the reports ``spec`` joins with "+", the first that
-    holds a configuration winning."""
+    holds a configuration with a mean loss winning (else the first that lists it)."""
     merged: dict = {}
     for directory in spec.split("+"):
-        merged = {**read_report(directory), **merged}
+        for config, entry in read_report(directory).items():
+            if config not in merged or merged[config][0] is None and entry[0] is not None:
+                merged[config] = entry
     return merged
 
 
 def read_report(directory: str) -> dict:
     """{configuration: (mean loss, verdict)} from the "tuned" table of ``directory``'s report; the
-    baseline's verdict is "baseline", and a configuration with no finished evaluation run is left out."""
+    baseline's verdict is "baseline", and a configuration with no finished evaluation run has mean
+    loss None (it takes part in no ranking)."""
     lines = report_table(os.path.join(directory, "report.md"), "tuned").splitlines()
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     if not {CONFIG, LOSS, VERDICT} <= set(header):
@@ -50,14 +53,18 @@ def read_report(directory: str) -> dict:
         if len(cells) < len(header) or value is not None and not math.isfinite(value):
             raise BabyGPTError(f"{directory}/report.md: row {number} of its tuned table is damaged ({line.strip()[:60]!r}"
                                f"); make the report again with experiment 2's command (its first lines name it)")
-        if value is not None:
-            out[cells[CONFIG]] = (value, "baseline" if cells[VERDICT] == "—" else cells[VERDICT])
+        out[cells[CONFIG]] = (value, "baseline" if cells[VERDICT] == "—" else cells[VERDICT])
     return out
 
 
+def baseline(table: dict) -> str | None:
+    """The configuration ``table``'s verdicts were drawn against."""
+    return next((c for c, (_, verdict) in table.items() if verdict == "baseline"), None)
+
+
 def shared_configurations(tables: list[dict]) -> list[str]:
-    """The configurations every table holds, in the first table's order."""
-    return [c for c in tables[0] if all(c in t for t in tables)]
+    """The configurations every table holds with a mean loss, in the first table's order."""
+    return [c for c in tables[0] if all(c in t and t[c][0] is not None for t in tables)]
 
 
 def rank(table: dict, configs: list[str], config: str) -> int:

@@ -487,8 +487,14 @@ def resolved_keys(config: str, sets: list[str], keys: tuple[str, ...]) -> dict:
     the sweep's own check names that problem."""
     from babygpt.config import parse_train_args
 
-    values, _, _ = parse_train_args([config, *(f"--{s}" for s in sets)])
+    # Only KEY=VALUE entries: a malformed one ("--set help") is named by the sweep's check, not read here
+    values, _, _ = parse_train_args([config, *(f"--{s}" for s in sets if "=" in s and not s.startswith("-"))])
     return {k: values.get(k, FIELDS[k].default) for k in keys}
+
+
+def muon_configurations(configs: dict, sets: list[str]) -> frozenset:
+    """The names of ``configs`` ({name: config file}) that train with optimizer muon under --set ``sets``."""
+    return frozenset(name for name, path in configs.items() if trains_with_muon(path, sets))
 
 
 def trains_with_muon(config: str, sets: list[str]) -> bool:

@@ -78,6 +78,8 @@ class Exp16Options(_common.TrainingOptions):
         if len(configs) < 2:
             problems.append(f"--configs needs a baseline and at least one configuration, got {self.configs!r}")
         problems += _common.repeated_entries("--configs", configs)
+        paths = self.configs.split(",") if self.configs else [config_path(n) for n in CONFIGS.split(",")]
+        problems += _common.muon_tie_problems([c for c in paths if os.path.isfile(c)], self.set)
         tier = "quick" if self.quick else "default"
         seeds, sizes = self.seeds or SEEDS[tier], self.tuning_seeds or SIZES[tier]
         if self.seeds is not None and self.seeds < 3:
@@ -225,7 +227,8 @@ def main(argv):
     lrs = floats(args.lrs or GRID[tier])
     seeds = list(range(args.seeds or SEEDS[tier]))
     sizes = [int(v) for v in (args.tuning_seeds or SIZES[tier]).split(",")]
-    runs = {(c, lr, s): Run({**lr_overrides(lr), "ema_decay": args.ema_decay}, s, c)
+    muon = {c: _common.trains_with_muon(c, args.set) for c in names}  # as experiment 2 tunes them
+    runs = {(c, lr, s): Run({**lr_overrides(lr, muon[c]), "ema_decay": args.ema_decay}, s, c)
             for c in names for lr in lrs for s in seeds}
     sweep, rows = exp.train(list(runs.values()), BUDGET[tier])
     est = {key: estimators(load_run(sweep.out_dir(run)), args.last_evals) for key, run in runs.items()}

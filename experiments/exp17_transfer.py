@@ -29,7 +29,8 @@ import _common
 from babygpt.errors import BabyGPTError
 from babygpt.files import write_csv
 from babygpt.options import option
-from babygpt.rankings import TAU_HEADER, missing_reports, read_table, shared_configurations, tau_cells, transfer
+from babygpt.rankings import TAU_HEADER, baseline, missing_reports, read_table, shared_configurations, tau_cells, \
+    transfer
 
 NAME = "exp17_transfer"
 STACKS = ("gpt2_adamw=results/transfer/gpt2_adamw,gpt2_muon=results/transfer/gpt2_muon,"
@@ -65,6 +66,11 @@ def main(argv):
         raise BabyGPTError(*missing)
     tables = {label: read_table(d) for label, d in stacks.items()}
     reference, *others = stacks
+    baselines = {label: baseline(t) for label, t in tables.items()}
+    if len(set(baselines.values())) > 1:
+        raise BabyGPTError(f"the stacks' verdicts were drawn against different baselines ("
+                           f"{', '.join(f'{label}: {b}' for label, b in baselines.items())}); make every table "
+                           f"with the same --baseline")
     configs = list(dict.fromkeys(c for t in tables.values() for c in t))
     pairs = {label: shared_configurations([tables[reference], tables[label]]) for label in others}
     too_few = [f"{label} shares {len(shared)} configuration(s) with {reference}; a ranking needs at least two"
@@ -103,7 +109,10 @@ def verdict_row(config: str, tables: dict, pairs: dict, reference: str) -> list[
     """One configuration's cells: its verdict on each stack, then how each other stack's moved."""
     def cell(label):
         table = tables[label]
-        return f"{table[config][1]} ({table[config][0]:.3f})" if config in table else "not run"
+        if config not in table:
+            return "not run"
+        loss, verdict = table[config]
+        return f"{verdict} ({'no finished run' if loss is None else f'{loss:.3f}'})"
     moves = [transfer(tables[reference].get(config, (None, None))[1], tables[label].get(config, (None, None))[1])
              for label in pairs]
     return [config, *map(cell, tables), *moves]

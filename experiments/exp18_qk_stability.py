@@ -4,7 +4,8 @@ QK-norm or QK-Clip keep them (and the run) in check?
 Kimi K2 (Kimi Team 2025, arXiv:2507.20534, section 2.1) trained with Muon and saw attention logits
 grow until training became unstable; its QK-Clip rescales a head's W_q and W_k after a step whose
 largest logit passed tau (the paper's tau: 100). QK-norm (Henry et al. 2020; Dehghani et al. 2023)
-bounds the logits by construction. This experiment maps the three over Muon's LR on the GPT-2 block
+fixes the size of queries and keys before their learned gains, so the logits can grow only through
+those gains. This experiment maps the three over Muon's LR on the GPT-2 block
 (Pre-LN RMSNorm, config/prenorm_rms.py, optimizer muon): no QK-norm, QK-norm (qk_norm true,
 config/prenorm_rms_qknorm.py) and QK-Clip (qk_clip_tau). The grid moves muon_lr, the LR of the
 blocks' matrices, where the logits' growth comes from; AdamW's learning_rate (embeddings, head,
@@ -70,9 +71,13 @@ def arm_runs(lrs: list[float], seeds: int, tau: float, diag_interval: int) -> di
 
 
 def largest_logit(metrics: list[dict]) -> float | None:
-    """The largest attention logit any block reached at the run's measurements (None: none made)."""
-    peaks = [max(r["attn_logit_max"]) for r in metrics if r.get("attn_logit_max")]
-    return max(peaks) if peaks else None
+    """The largest attention logit any block reached at the run's measurements (one value per block
+    a row); inf where one was not finite (the logits overflowed: max() alone would depend on where
+    the NaN lies); None where no measurement was made."""
+    values = [v for r in metrics for v in r.get("attn_logit_max") or []]
+    if not values:
+        return None
+    return max(values) if all(math.isfinite(v) for v in values) else math.inf
 
 
 def clipped_steps(metrics: list[dict]) -> int:
@@ -110,7 +115,7 @@ def plot(results: list[dict], lrs: list[float], path: str) -> None:
     for arm in ARMS:
         peaks = [max([r["max_attn_logit"] for r in results if r["arm"] == arm and r["muon_lr"] == lr
                       and r["max_attn_logit"] is not None], default=math.nan) for lr in lrs]
-        ax.plot(lrs, peaks, marker="o", label=arm)
+        ax.plot(lrs, [p if math.isfinite(p) else math.nan for p in peaks], marker="o", label=arm)  # (inf: off the axis)
     ax.set(xscale="log", yscale="log", xlabel="muon_lr", ylabel="largest attention logit over the run")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -128,8 +133,9 @@ def main(argv):
     results = run_rows(runs, rows, sweep)
     write_csv(os.path.join(exp.out, "results.csv"), list(results[0]), results)
     plot(results, lrs, os.path.join(exp.out, "qk_stability.png"))
-    body = (f"{exp.budget_line(budget)}; optimizer muon (muon_adjust_lr match_rms_adamw), muon_lr over the grid, "
-            f"AdamW's learning_rate at train.py's default; seeds {', '.join(map(str, range(args.seeds)))}; QK-Clip "
+    fixed = _common.resolved_keys(config_path("prenorm_rms"), args.set, ("muon_adjust_lr", "learning_rate"))
+    body = (f"{exp.budget_line(budget)}; optimizer muon (muon_adjust_lr {fixed['muon_adjust_lr']}), muon_lr over "
+            f"the grid, AdamW's learning_rate {fixed['learning_rate']:g}; seeds {', '.join(map(str, range(args.seeds)))}; QK-Clip "
             f"at tau {args.qk_clip_tau:g}; the largest attention logit measured every {diag_interval} iterations. "
             f"Collapsed: the run ended within 0.1 nats of the unigram loss or above it (train.py's test). "
             f"{_common.training_time(rows.values())}.\n\n"

@@ -258,7 +258,7 @@ def main(argv):
     plan = Plan(tier, _common.output_path(args, NAME), configs, args.baseline or next(iter(configs)),
                 start_grids(args, tier, configs, tuned_from), list(range(n_tune)),
                 list(range(n_tune, n_tune + (looks[-1] if looks else args.seeds or SEEDS[tier]))), args, looks=looks,
-                muon=frozenset(n for n, c in configs.items() if _common.trains_with_muon(c, args.set)))
+                muon=_common.muon_configurations(configs, args.set))
     outcome = train(args, plan)
     write_results(args, plan, outcome, tuned_from, started)
     return 0

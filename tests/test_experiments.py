@@ -270,7 +270,8 @@ def test_transfer_compares_each_stack_with_the_reference_and_says_how_each_verdi
     tier_report(tmp_path / "muon", [("base", 1.60, "—"), ("a", 1.58, "better"), ("b", 1.55, "better"),
                                     ("c", 1.65, "worse")])
     tier_report(tmp_path / "modern", [("base", 1.60, "—"), ("a", 1.70, "inconclusive"), ("b", 1.50, "better"),
-                                      ("c", 1.62, "equivalent within ±0.010"), ("ngpt", 1.4, "better")])
+                                      ("c", 1.62, "equivalent within ±0.010"), ("ngpt", 1.4, "better"),
+                                      ("every_run_failed", "—", "inconclusive (0 pairs)")])
     assert cli.run(exp17.main, ["--stacks=ref=adamw,m=muon,mod=modern", "--out=transfer"]) == 0
     report = (tmp_path / "transfer" / "report.md").read_text()
     tau = report_rows(report, "tau")
@@ -282,10 +283,14 @@ def test_transfer_compares_each_stack_with_the_reference_and_says_how_each_verdi
     assert verdicts["c"][4:] == ["appears", "appears"]
     assert verdicts["ngpt"][2] == "not run" and verdicts["ngpt"][4:] == ["not run", "holds"]
     assert verdicts["base"][4:] == ["holds", "holds"]
+    assert verdicts["every_run_failed"][1:4] == ["not run", "not run", "inconclusive (0 pairs) (no finished run)"]
     assert transfer("equivalent within ±0.010", "better") == "changed"
     assert transfer("better", "equivalent within ±0.020") == "changed"
     rows = (tmp_path / "transfer" / "results.csv").read_text().splitlines()
-    assert rows[0] == "configuration,stack,mean_loss,verdict" and len(rows) == 1 + 5 + 4 + 5
+    assert rows[0] == "configuration,stack,mean_loss,verdict" and len(rows) == 1 + 5 + 4 + 6
+    tier_report(tmp_path / "other_base", [("a", 1.6, "—"), ("base", 1.7, "worse")])
+    assert_refused_in_process(exp17.main, ["--stacks=ref=adamw,o=other_base", "--out=t2"], capsys,
+                              "drawn against different baselines (ref: base, o: a)")
     assert_refused_in_process(exp17.main, ["--stacks=ref=adamw,m=nowhere", "--out=t2"], capsys,
                               "nowhere/report.md not found")
     assert_refused_in_process(exp17.main, ["--stacks=ref=adamw,adamw", "--out=t2"], capsys, "is not LABEL=DIR")
@@ -461,8 +466,12 @@ def test_exp2_tunes_one_lr_for_both_of_muons_groups_and_refuses_the_unmatched_up
     rms, modern = exp2.config_path("prenorm_rms"), exp2.config_path("modern_rms")
     assert not _common.trains_with_muon(rms, []) and _common.trains_with_muon(modern, [])
     assert _common.trains_with_muon(rms, ["optimizer=muon"]) and not _common.trains_with_muon(modern, ["optimizer=adamw"])
-    plan = exp2.Plan("default", str(tmp_path), {"prenorm_rms": rms, "modern_rms": modern}, "prenorm_rms", {}, [0, 1],
-                     [2, 3], muon=frozenset({"modern_rms"}))
+    configs = {"prenorm_rms": rms, "modern_rms": modern}
+    assert _common.muon_configurations(configs, []) == {"modern_rms"}  # what main gives the Plan
+    assert _common.muon_configurations(configs, ["optimizer=muon"]) == set(configs)
+    assert _common.muon_configurations(configs, ["optimizer=adamw"]) == set()
+    plan = exp2.Plan("default", str(tmp_path), configs, "prenorm_rms", {}, [0, 1], [2, 3],
+                     muon=_common.muon_configurations(configs, []))
     assert plan.run("prenorm_rms", 3e-3, 2).overrides == {"learning_rate": 3e-3, "min_lr": 3e-3 / 10}
     assert plan.run("modern_rms", 3e-3, 2).overrides == {"learning_rate": 3e-3, "min_lr": 3e-3 / 10, "muon_lr": 3e-3}
     assert {r.overrides["muon_lr"] for rs in plan.tuning({"modern_rms": [1e-3, 1e-2]})["modern_rms"].values()
@@ -474,6 +483,8 @@ def test_exp2_tunes_one_lr_for_both_of_muons_groups_and_refuses_the_unmatched_up
     assert e.value.problems == [f"{modern} trains with optimizer muon and muon_adjust_lr original: the LR search moves "
                                 f"learning_rate and muon_lr together, which assumes Muon's update is sized like "
                                 f"AdamW's; use muon_adjust_lr match_rms_adamw (--set muon_adjust_lr=match_rms_adamw)"]
+    with pytest.raises(BabyGPTError, match="malformed --set 'help'"):  # read as a key, never as a request for help
+        _common.parse(exp2.Exp2Options, ["--set", "help"], "exp2", "doc")
     with pytest.raises(BabyGPTError, match="--set muon_lr has no effect: each run's muon_lr is set by the sweep's own"):
         _common.budget_args(_common.parse(exp2.Exp2Options, ["--set=muon_lr=0.02"], "exp2", "doc"), {},
                             [plan.run("modern_rms", 3e-3, 2)])
@@ -1446,6 +1457,8 @@ def test_exp18_maps_each_arm_at_every_muon_lr_with_its_largest_logit_and_failure
                {"iter": 30, "qk_clipped_heads": 2}, {"iter": 40, "qk_clipped_heads": 0},
                {"iter": 50, "attn_logit_max": [3.0, 2.0], "qk_clipped_heads": 1}]
     assert exp18.largest_logit(metrics) == 7.25 and exp18.largest_logit(metrics[:1]) is None
+    for overflowed in ([math.nan, 5.0], [5.0, math.nan], [math.inf, 1.0]):  # wherever the bad value lies
+        assert exp18.largest_logit(metrics + [{"iter": 75, "attn_logit_max": overflowed}]) == math.inf
     assert exp18.clipped_steps(metrics) == 2
     results = [{"arm": "QK-Clip", "muon_lr": 0.3, "seed": 0, "status": "finished", "final_loss": 2.0,
                 "max_attn_logit": 120.0, "clipped_steps": 3},
@@ -1459,4 +1472,5 @@ def test_exp18_maps_each_arm_at_every_muon_lr_with_its_largest_logit_and_failure
     assert rows["no QK-norm", "0.3"] == ["—", "1 of 1", "—", ""]
     assert rows["QK-norm", "0.3"] == ["—", "0 of 0", "—", ""]
     assert_refused_in_process(exp18.main, ["--quick", "--seeds=0", "--qk_clip_tau=-1", "--lrs=0.1,0.1"], capsys,
-                              "--seeds must be at least 1")
+                              "--seeds must be at least 1", "--qk_clip_tau must be a positive number",
+                              "--lrs lists 0.1 more than once")
