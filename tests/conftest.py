@@ -30,10 +30,6 @@ def pytest_collection_modifyitems(config, items):
         module = item.module.__name__.rpartition(".")[2]
         if module in ONE_WORKER_MODULES and item.get_closest_marker("xdist_group") is None:  # (test_faults: its own)
             item.add_marker(pytest.mark.xdist_group(module))
-    # The longest work first (the groups, then the other slow tests; each kept in its order): the workers
-    # share out the many short tests at the end, so neither waits long for the other to finish a group.
-    items.sort(key=lambda item: 0 if item.get_closest_marker("xdist_group") else
-               1 if item.get_closest_marker("slow") else 2)
 sys.path.insert(0, ROOT)
 
 from babygpt.model import PLACEMENTS, GPTConfig  # noqa: E402
