@@ -18,7 +18,8 @@ TAU_HEADER = ["configurations", "Kendall's tau-b", "p (exact)", "smallest tau th
 
 def missing_reports(specs: list[str], option: str) -> list[str]:
     """The reports the table ``specs`` (directories, joined with "+") name that are not there."""
-    return [f"{option}: {d}/report.md not found; run experiment 2 into {d} first"
+    return [f"{option}: {d}/report.md not found; run experiment 2 into {d} first (docs/campaign.md gives the "
+            f"commands that make the committed tables)"
             for spec in specs for d in spec.split("+") if not os.path.exists(os.path.join(d, "report.md"))]
 
 
