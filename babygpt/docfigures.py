@@ -377,6 +377,13 @@ def committed_files(root: str) -> set[str]:
     git work tree: a test's temporary directory), and of the files of the runs its sweeps' stores
     hold whole (babygpt.runstore). A figure's source must be committed, or a fresh clone could not
     check it."""
+    files = tracked_files(root)
+    return files | stored_files(root, [p for p in files if os.path.basename(p) == STORE])
+
+
+def tracked_files(root: str) -> set[str]:
+    """The files git tracks under ``root`` (every file, outside a git work tree), without reading the
+    stores: what committed_files adds to them costs seconds."""
     files = set()
     try:
         out = subprocess.run(["git", "-C", root, "ls-files", "-z"], capture_output=True, check=True)
@@ -387,7 +394,7 @@ def committed_files(root: str) -> set[str]:
     if not files:
         files = {os.path.relpath(p, root).replace(os.sep, "/")
                  for p in glob.glob(os.path.join(root, "**", "*"), recursive=True) if os.path.isfile(p)}
-    return files | stored_files(root, [p for p in files if os.path.basename(p) == STORE])
+    return files
 
 
 def check_summary(path: str, text: str) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
@@ -90,9 +91,17 @@ class Option:
         return self.metavar.endswith(",...")
 
 
+@functools.cache
+def type_hints(cls) -> dict[str, Any]:
+    """``typing.get_type_hints(cls)``, evaluated once per class: the annotations are strings here (from
+    __future__ import annotations), and evaluating them again at each config check cost more than
+    the check itself."""
+    return typing.get_type_hints(cls)
+
+
 def options_of(cls, exclude: tuple[str, ...] = ()) -> dict[str, Option]:
     """The options declared by dataclass ``cls``, by name, in declaration order."""
-    hints = typing.get_type_hints(cls)
+    hints = type_hints(cls)
     out = {}
     for f in dataclasses.fields(cls):
         if f.name in exclude:
@@ -255,7 +264,7 @@ def range_problems(obj, only: type | None = None) -> list[str]:
     float option (or Optional float; None passes) must declare one, and a float option declared
     without one is a bug in the declaration (TypeError), so that no float key can escape the rule;
     an int option is checked where it declares one. ``only``: int or float, the options of that type alone."""
-    hints = typing.get_type_hints(type(obj))
+    hints = type_hints(type(obj))
     problems = []
     for f in dataclasses.fields(obj):
         kind, valid = _base(hints[f.name]), f.metadata.get("valid")

@@ -202,13 +202,18 @@ def test_committed_files_are_what_git_tracks():
     assert not any(p.startswith(("results/quick/", "out/")) for p in committed)
 
 
-SOURCES = docfigures.Sources(ROOT)  # the repository's committed results, read once for every document
+@pytest.fixture(scope="module")
+def sources():
+    """The repository's committed results (tens of MB of stored runs), read once for every document,
+    and only where these tests run: not at collection, which every worker and the fast loop pay."""
+    return docfigures.Sources(ROOT)
 
 
+@pytest.mark.xdist_group("doc-sources")  # one worker reads the results
 @pytest.mark.parametrize("name", doctables.FIGURE_DOCUMENTS)
-def test_every_result_figure_of_the_committed_documents_has_a_committed_source(name):
+def test_every_result_figure_of_the_committed_documents_has_a_committed_source(name, sources):
     """Run python -m babygpt.doctables --check to see these with the rule's hint."""
-    assert docfigures.unsourced_in_file(os.path.join(ROOT, name), ROOT, SOURCES) == []
+    assert docfigures.unsourced_in_file(os.path.join(ROOT, name), ROOT, sources) == []
 
 
 def test_each_generated_table_has_one_home():

@@ -612,9 +612,9 @@ def report_rows(report: str, key: str) -> list[list[str]]:
 
 def committed_exp2_reports() -> list[str]:
     """Every experiment-2 report under results/ that git holds (by its settings.json)."""
-    from babygpt.docfigures import committed_files
+    from babygpt.docfigures import tracked_files
 
-    paths = {p for p in committed_files(ROOT) if p.startswith("results/")}
+    paths = {p for p in tracked_files(ROOT) if p.startswith("results/")}
     return sorted(os.path.dirname(p) for p in paths if p.endswith("/settings.json")
                   and json.loads(open(os.path.join(ROOT, p)).read()).get("experiment") == "exp2_norm_comparison"
                   and os.path.dirname(p) + "/report.md" in paths)
