@@ -19,6 +19,33 @@ from conftest import ROOT, TINY_TRAIN_ARGS, assert_refused_in_process, once, pre
 BASE = [a for a in TINY_TRAIN_ARGS if not a.startswith("--device")]
 
 
+def run_experiment(script, *args, cwd, monkeypatch):
+    """experiments/<script>.py with ``args`` in ``cwd``, as its ``__main__`` runs it (_common.main: the
+    same argv, errors and exit code) but in this process: a CompletedProcess. Its runs still train in
+    processes of their own, forked from a server that imported torch once for this test worker
+    (babygpt/launcher.py), where a new process would import torch twice (itself and its server): a
+    quarter of the time. test_an_experiment_runs_as_a_command starts one as a user does."""
+    import contextlib
+    import importlib
+    import io
+    import subprocess
+    import sys
+
+    from babygpt import cli
+
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    module, common = importlib.import_module(script), importlib.import_module("_common")
+    path = os.path.join(ROOT, "experiments", script + ".py")
+    monkeypatch.setattr(sys, "argv", [path, *args])  # the report's "Command:" line reads it
+    out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
+    try:
+        with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.run(common.noting_replaced(module.main), list(args))
+    finally:
+        torch.set_num_threads(threads)  # an experiment that times kernels may set its own
+    return subprocess.CompletedProcess([path, *args], code, out.getvalue(), err.getvalue())
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     return prepare_small_data(tmp_path_factory.mktemp("exp"))
@@ -113,7 +140,7 @@ def test_experiment_options_are_checked_before_anything_runs(monkeypatch):
 ])
 def test_experiment_quick_mode(script, extra, outputs, data_dir, tmp_path, monkeypatch, capsys):
     args = [a.format(data=data_dir) for a in extra]
-    proc = run_script(f"experiments/{script}.py", "--quick", "--out=res", *args, cwd=tmp_path, timeout=300)
+    proc = run_experiment(script, "--quick", "--out=res", *args, cwd=tmp_path, monkeypatch=monkeypatch)
     assert proc.returncode == 0, proc.stderr[-2000:]
     for name in outputs:
         assert (tmp_path / "res" / name).stat().st_size > 0, name
@@ -670,8 +697,8 @@ def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr
     import exp2_norm_comparison as exp2
 
     configs = "--configs=" + ",".join(os.path.join(ROOT, "config", c + ".py") for c in ("prenorm_rms", "postnorm_ln"))
-    proc = run_script("experiments/exp2_norm_comparison.py", "--quick", "--out=res", f"--data_dir={data_dir}",
-                      "--jobs=2", configs, cwd=tmp_path, timeout=300)
+    proc = run_experiment("exp2_norm_comparison", "--quick", "--out=res", f"--data_dir={data_dir}",
+                          "--jobs=2", configs, cwd=tmp_path, monkeypatch=monkeypatch)
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = tmp_path / "res"
     for name in ("norm_comparison.png", "lr_sensitivity.png", "results.csv", "report.md", "tuned_lrs.json"):
@@ -711,10 +738,10 @@ def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr
     assert "losses are reported on its second half (the test part, which no LR was chosen on)" in report
     assert_collect_rewrites_the_same_tables(tmp_path, report, f"--data_dir={data_dir}", configs)
 
-    full = run_script("experiments/exp2_norm_comparison.py", "--full", "--out=full", "--tuned_from=res",
-                      f"--data_dir={data_dir}", "--jobs=2", "--seeds=2", configs.split(",")[0],
-                      *[f"--set={a[2:]}" for a in BASE if not a.startswith("--eval_interval")],
-                      "--set=max_iters=4", "--set=eval_interval=2", cwd=tmp_path, timeout=300)
+    full = run_experiment("exp2_norm_comparison", "--full", "--out=full", "--tuned_from=res",
+                          f"--data_dir={data_dir}", "--jobs=2", "--seeds=2", configs.split(",")[0],
+                          *[f"--set={a[2:]}" for a in BASE if not a.startswith("--eval_interval")],
+                          "--set=max_iters=4", "--set=eval_interval=2", cwd=tmp_path, monkeypatch=monkeypatch)
     assert full.returncode == 0, full.stderr[-2000:]
     rows = read_csv(tmp_path / "full" / "results.csv")
     full_record = json.loads((tmp_path / "full" / "tuned_lrs.json").read_text())
@@ -744,14 +771,24 @@ def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr
 
 
 @pytest.mark.slow
-def test_exp5_norm_speed_quick_mode(data_dir, tmp_path):
+def test_an_experiment_runs_as_a_command(tmp_path):
+    """The other tests run the experiments' main in their own process (run_experiment); here one
+    starts as a user starts it, and its report names the command it was given."""
+    proc = run_script("experiments/exp1_gradient_vanishing.py", "--quick", "--out=res", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = (tmp_path / "res" / "report.md").read_text()
+    assert "Command: `python experiments/exp1_gradient_vanishing.py --quick --out=res`" in report
+
+
+@pytest.mark.slow
+def test_exp5_norm_speed_quick_mode(data_dir, tmp_path, monkeypatch):
     """Every implementation (the registry, read now, the from-scratch formulas of classes that call
     a fused kernel, and PyTorch's two) gets a timing row per
     pass and width, and every norm_type a training-speed row; --quick compiles nothing."""
     from babygpt.norms import NORMS, norm_class
 
-    proc = run_script("experiments/exp5_norm_speed.py", "--quick", "--out=res", f"--data_dir={data_dir}",
-                      cwd=tmp_path, timeout=300)
+    proc = run_experiment("exp5_norm_speed", "--quick", "--out=res", f"--data_dir={data_dir}", cwd=tmp_path,
+                          monkeypatch=monkeypatch)
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = tmp_path / "res"
     for name in ("norm_speed.csv", "end_to_end.csv", "norm_speed.png", "report.md"):
