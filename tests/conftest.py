@@ -24,18 +24,35 @@ ONE_WORKER_MODULES = {"test_faults", "test_distributed", "test_sweep", "test_plo
                       "test_compare_runs", "test_half"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the mark into the test's id
+
+
+def off_the_cross(item) -> bool:
+    """A (placement, norm) grid test's case that the fast loop leaves to the whole suite: the fast loop
+    runs each such grid on the cross through the default model (every norm under the default
+    placement, every placement with the default norm), so that it stays under half a minute."""
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    placement, norm = params.get("placement"), params.get("norm", params.get("norm_type"))
+    return (isinstance(placement, str) and isinstance(norm, str)
+            and placement != DEFAULT_MODEL.norm_placement and norm != DEFAULT_MODEL.norm_type)
+
+
+# before pytest-xdist's own hook, which reads the group mark into the test's id, and before -m reads
+# the slow marks
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.module.__name__.rpartition(".")[2]
         if module in ONE_WORKER_MODULES and item.get_closest_marker("xdist_group") is None:  # (test_faults: its own)
             item.add_marker(pytest.mark.xdist_group(module))
+        if off_the_cross(item):
+            item.add_marker(pytest.mark.slow)
 sys.path.insert(0, ROOT)
 
 from babygpt.model import PLACEMENTS, GPTConfig  # noqa: E402
 from babygpt.norms import NORMS, norm_class, qk_norm_refusal  # noqa: E402
 from babygpt.placements import PLACEMENTS as PLACEMENT_CLASSES  # noqa: E402
 
+DEFAULT_MODEL = GPTConfig()
 # every placement x norm_type, where the placement builds norms of norm_type (nGPT builds none: norm_type none only)
 # Every placement with every norm it accepts: nGPT builds none, HybridNorm's q/k norms refuse what qk_norm refuses,
 # Admin needs a norm that normalizes, and a placement that only moves norms is Pre-LN's model without one.
@@ -63,7 +80,13 @@ def tiny_config(**overrides) -> GPTConfig:
 
 @pytest.fixture(autouse=True)
 def _seed():
-    torch.manual_seed(0)
+    # torch.manual_seed also queues a seed for each accelerator torch has not initialised (CUDA, XPU,
+    # MTIA), formatting a stack trace for each: milliseconds, before every one of thousands of tests.
+    # Without a GPU the CPU generator is all it seeds.
+    if torch.cuda.is_available():
+        torch.manual_seed(0)
+    else:
+        torch.default_generator.manual_seed(0)
 
 
 class NaNAfter(torch.nn.Module):

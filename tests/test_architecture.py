@@ -6,7 +6,11 @@ import glob
 import os
 import re
 
+import pytest
+
 from conftest import ROOT
+
+pytestmark = pytest.mark.slow  # not in the fast loop: each test parses the whole package
 
 LAYERS = {  # docs/architecture.md's table, lowest first
     "foundation": ["errors", "options", "files", "runtime", "signals", "foreign", "provenance", "stats", "sequential"],

@@ -14,6 +14,8 @@ from babygpt.model import GPT
 from babygpt.trainer import train
 from conftest import TINY_TRAIN_ARGS, assert_refused_in_process, once, tiny_config
 
+pytestmark = pytest.mark.slow  # not in the fast loop: each test trains runs with a weight average
+
 
 def test_the_average_follows_its_formula_from_the_initial_weights():
     model = GPT(tiny_config(norm_type="batchnorm"))

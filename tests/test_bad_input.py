@@ -132,6 +132,7 @@ TRAIN_CASES = {
 
 
 @pytest.mark.parametrize("case", TRAIN_CASES)
+@pytest.mark.slow
 def test_train_bad_input(case, ws, capsys):
     argv, fragments = TRAIN_CASES[case]
     check(cli.train_main, train_args(*argv), capsys, ws, *fragments)
@@ -271,6 +272,7 @@ LOCKED_REFUSALS = {
 
 
 @pytest.mark.parametrize("case", LOCKED_REFUSALS, ids=str)
+@pytest.mark.slow
 def test_a_refusal_after_the_lock_leaves_no_lock_file_and_no_new_mtime(case, ws, capsys):
     out_dir, name, make, extra, fragment = LOCKED_REFUSALS[case]
     if name:
@@ -383,6 +385,7 @@ DAMAGED_CHECKPOINTS = {  # field -> a value a damaged (or hand-edited) checkpoin
 
 
 @pytest.mark.parametrize("case", DAMAGED_CHECKPOINTS)
+@pytest.mark.slow
 def test_train_resume_from_a_checkpoint_with_damaged_fields(case, ws, capsys):
     """Refused before config.json or metrics.jsonl are touched (the generator states included)."""
     keys, value = DAMAGED_CHECKPOINTS[case]
@@ -809,6 +812,7 @@ def test_collapse_advice_names_only_what_can_be_the_cause(iters, loss, argv, say
     assert says in advice and never not in advice
 
 
+@pytest.mark.slow
 def test_a_run_of_max_iters_0_is_not_told_to_lower_its_learning_rate(data_ws, capsys):
     assert cli.run(cli.train_main, ["--data_dir=data", "--out_dir=run", *TINY_TRAIN_ARGS, "--max_iters=0"]) == 0
     err = capsys.readouterr().err
@@ -884,6 +888,7 @@ def test_bench_takes_a_config_file_that_sets_them():
     ("5000", "--lrs must be in (0, 1000]"),
     ("1e-50", "underflows to 0 in float32"),
 ])
+@pytest.mark.slow
 def test_exp2_refuses_a_malformed_lr_list(lrs, fragment):
     from exp2_norm_comparison import Exp2Options
 

@@ -154,6 +154,7 @@ def test_two_runs_started_together_never_share_a_directory(data_dir, tmp_path):
     assert len(seeds) == 1 and iters == sorted(set(iters))
 
 
+@pytest.mark.slow
 def test_noop_resume_of_a_finished_run_changes_nothing(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     argv = once(f"--data_dir={data_dir}", f"--out_dir={out}", *TINY_TRAIN_ARGS, "--max_iters=10")
@@ -398,6 +399,7 @@ TRAINING_EXPERIMENTS = ["exp2_norm_comparison", "exp3_prenorm_vs_postnorm", "exp
 
 @pytest.mark.parametrize("bad", BAD_LATE_OPTIONS, ids=lambda b: b[0])
 @pytest.mark.parametrize("name", TRAINING_EXPERIMENTS)
+@pytest.mark.slow
 def test_an_error_exit_with_overwrite_changes_no_byte_and_no_mtime(name, bad, data_dir, tmp_path, capsys):
     import importlib
 
@@ -475,6 +477,7 @@ def test_full_disk_during_an_atomic_write_names_the_file_and_keeps_the_old_one(t
     assert path.read_bytes() == b"previous checkpoint" and os.listdir(tmp_path) == ["ckpt.pt"]
 
 
+@pytest.mark.slow
 def test_full_disk_mid_run_is_one_error_line_and_the_run_stays_resumable(data_dir, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     real_replace = os.replace

@@ -218,6 +218,7 @@ def test_a_config_file_that_changes_the_process_is_refused_and_undone(tmp_path, 
     ("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n", "called os.kill()"),
     ("import atexit, posix\natexit.register(posix._exit, 0)\n", "called atexit.register()"),
 ], ids=["sigterm", "atexit_exit_0"])
+@pytest.mark.slow
 def test_a_config_file_that_signals_itself_or_leaves_an_exit_handler_is_refused(tmp_path, body, change):
     """The whole command, as a user runs it: a config file that sends itself SIGTERM, and one that
     registers an exit handler ending the process with status 0 whatever the command's outcome (here a
@@ -414,6 +415,7 @@ def test_auto_dtypes_lists_what_resolve_dtype_picks_on_each_device(monkeypatch, 
     assert set(auto_dtypes(device)) < set(auto_dtypes(None))
 
 
+@pytest.mark.slow
 def test_dtype_auto_is_float32_on_cpu_and_recorded(tmp_path):
     import json
 

@@ -14,6 +14,8 @@ from babygpt.plot import main as plot_main
 from babygpt.trainer import train
 from conftest import TINY_TRAIN_ARGS, assert_user_error, once, prepare_small_data, tiny_config
 
+pytestmark = pytest.mark.slow  # not in the fast loop: each test trains a run with diagnostics, or plots one
+
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):

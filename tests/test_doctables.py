@@ -196,6 +196,7 @@ def test_check_names_each_unsourced_figure_with_its_line(results, monkeypatch, c
     assert doctables.main(["--check", str(page)]) == 0
 
 
+@pytest.mark.slow
 def test_committed_files_are_what_git_tracks():
     committed = docfigures.committed_files(ROOT)
     assert "results/exp2_norm_comparison/report.md" in committed
@@ -211,6 +212,7 @@ def sources():
 
 @pytest.mark.xdist_group("doc-sources")  # one worker reads the results
 @pytest.mark.parametrize("name", doctables.FIGURE_DOCUMENTS)
+@pytest.mark.slow
 def test_every_result_figure_of_the_committed_documents_has_a_committed_source(name, sources):
     """Run python -m babygpt.doctables --check to see these with the rule's hint."""
     assert docfigures.unsourced_in_file(os.path.join(ROOT, name), ROOT, sources) == []

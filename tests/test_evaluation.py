@@ -67,6 +67,7 @@ def test_the_transformer_and_the_n_gram_floors_score_the_same_targets_with_the_s
 
 @pytest.mark.parametrize("length", [9, 40, 203])
 @pytest.mark.parametrize("batch_size", [1, 3, 32])
+@pytest.mark.slow
 def test_sliding_loss_matches_scoring_each_target_alone(length, batch_size):
     model, block_size = tiny_model(8), 8
     data = np.random.default_rng(length).integers(0, 11, length).astype(np.uint16)

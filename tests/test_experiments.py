@@ -482,6 +482,7 @@ def test_exp2_options_are_checked_together(monkeypatch):
         _common.parse(Exp2Options, ["--full", "--beyond"], "exp2", "doc")
 
 
+@pytest.mark.slow
 def test_exp2_tunes_one_lr_for_both_of_muons_groups_and_refuses_the_unmatched_update_size(tmp_path, monkeypatch):
     """Under optimizer muon (a config file's or --set's) a grid point sets muon_lr = learning_rate, as
     Liu et al. 2025 tune it; AdamW's configurations keep their two keys. muon_adjust_lr original is
@@ -828,6 +829,7 @@ def test_exp5_norm_speed_rejects_unmeasured_compile_width(tmp_path, monkeypatch,
     assert args.compiled() == [] and args.set_keys() == {"n_layer"}
 
 
+@pytest.mark.slow
 def test_exp6_counts_block_0_from_the_records_as_the_checkpoint_holds_it(data_dir, tmp_path, monkeypatch):
     """The per-element gradient needs block 0's size: read from config.json (committed), it is the
     count of block 0's tensors in the run's checkpoint (not committed), for Post-LN with biases and without."""
@@ -925,6 +927,7 @@ def test_fp16_overflow_stops_a_crossing_run_at_the_crossing_with_the_same_weight
     assert (tmp_path / "res" / "at_crossing" / "results.csv").exists()
 
 
+@pytest.mark.slow
 def test_beyond_tier_trains_where_the_committed_frontier_first_passed_plain_kneser_ney(monkeypatch):
     """_common.BEYOND_BUDGET is where the committed frontier (results/regime) first ends below the
     plain interpolated Kneser-Ney 8-gram with full context, the floor the tier was chosen by (each
@@ -1098,6 +1101,7 @@ def test_a_tuned_lrs_json_that_is_not_a_json_object_is_called_damaged_not_missin
     (["--full", "--tuned_from=results", "--lrs=1e-3,3e-3"], "--tuned_from and --lrs both say where"),
     (["--full", "--tuned_from=results,no/such/dir"], "--tuned_from names 'no/such/dir', which is not a directory"),
 ])
+@pytest.mark.slow
 def test_exp2_tuned_from_is_refused_where_nothing_reads_it(argv, fragment, monkeypatch):
     """Used or refused: the default and quick tiers search their own grid, and --lrs replaces the
     points around the earlier LRs, so --tuned_from would do nothing there."""
@@ -1213,6 +1217,7 @@ def test_the_time_estimate_is_a_units_cost_at_one_block_and_each_blocks_beyond(m
     assert calls == [1, 1, 2, 2]
 
 
+@pytest.mark.slow
 def test_exp2_looks_are_checked_with_the_other_options(monkeypatch):
     monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
     import _common
@@ -1322,6 +1327,7 @@ def test_every_comma_separated_experiment_option_is_declared_as_one(monkeypatch)
 
 
 @pytest.mark.parametrize("script, option", sorted((s, o) for s, names in LIST_OPTIONS.items() for o in names))
+@pytest.mark.slow
 def test_an_empty_entry_of_a_comma_separated_experiment_option_is_refused(script, option, monkeypatch):
     """``--reuse ,`` read as no --reuse, ``--lrs 1e-3,,3e-3`` as a grid of two, ``--configs a.py,,b.py``
     as a config file named '': each refused by name, one line."""

@@ -17,6 +17,8 @@ from babygpt.sampling import load_model
 from babygpt.trainer import Trainer
 from conftest import TINY_TRAIN_ARGS, once, prepare_small_data, run_script, tiny_config
 
+pytestmark = pytest.mark.slow  # not in the fast loop: each test trains runs in float16 or bfloat16
+
 FP16 = once(*TINY_TRAIN_ARGS, "--dtype=float16", "--log_interval=1")
 
 

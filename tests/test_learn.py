@@ -65,6 +65,7 @@ class Paste(code.InteractiveConsole):
 
 
 @pytest.mark.parametrize("lesson", LESSONS)
+@pytest.mark.slow
 def test_every_code_block_of_a_lesson_runs_pasted_into_the_prompt(lesson, monkeypatch, capsys):
     blocks = FENCE.findall(read(lesson))
     assert blocks, "a lesson shows its idea in code"

@@ -579,6 +579,7 @@ def test_kv_cache_logits_match_full_forward(placement, norm):
 @pytest.mark.parametrize("prompt_len,new", [(3, 10), (3, 60), (40, 30)], ids=["short", "past-block", "long-prompt"])
 
 
+@pytest.mark.slow
 def test_kv_cache_sampling_equals_full_recomputation(prompt_len, new):
     """Greedy and seeded sampling give identical tokens with and without the cache, including
     prompts longer than block_size and generation far past it (the window jumps)."""

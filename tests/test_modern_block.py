@@ -93,6 +93,7 @@ def test_rope_kv_cache_logits_match_the_full_forward(extra):
 
 
 @pytest.mark.parametrize("extra", ROPE_VARIANTS)
+@pytest.mark.slow
 def test_rope_greedy_samples_with_and_without_cache_are_identical_past_block_size(extra):
     model = seeded(pos="rope", **extra)
     randomize_gains(model)

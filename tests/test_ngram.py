@@ -148,6 +148,7 @@ def test_every_context_has_a_distribution(family, discounts, n):
         assert_close(p, np.array([plain.prob(h, c) for c in range(vocab_size)]), rtol=1e-12, atol=0)
 
 
+@pytest.mark.slow
 def test_discounts_are_chosen_on_train_alone():
     train_ids, val_ids = texts(3)
     chosen = ngram.measure(train_ids, val_ids, 7)
@@ -234,6 +235,7 @@ def floors_of(data_dir):
     return ngram.load_or_measure(data_dir, train_ids, val_ids, tok.vocab_size)
 
 
+@pytest.mark.slow
 def test_floors_are_cached_beside_the_data_and_recomputed_when_it_changes(fresh_data, monkeypatch):
     record, cached = floors_of(fresh_data)
     path = os.path.join(fresh_data, ngram.FLOORS_FILE)
@@ -263,6 +265,7 @@ def test_floors_are_cached_beside_the_data_and_recomputed_when_it_changes(fresh_
 
 
 @pytest.mark.parametrize("damage", ["{not json", "", '{"key": 1}', "[]", "null"])
+@pytest.mark.slow
 def test_a_damaged_cache_is_recomputed(fresh_data, damage):
     record, _ = floors_of(fresh_data)
     path = os.path.join(fresh_data, ngram.FLOORS_FILE)
@@ -379,6 +382,7 @@ def test_a_capped_target_is_scored_by_the_model_of_its_context(family, discounts
         np.testing.assert_allclose(got[family.key(n)], expected, rtol=1e-12, atol=0)
 
 
+@pytest.mark.slow
 def test_full_context_everywhere_is_the_full_context_floor():
     """Where every target has the context the models ask for, matched scoring is the floors'
     scoring: the mean over val[9:] with contexts[t] = t is what floors() reports, and the 2-grams,
@@ -398,6 +402,7 @@ def test_full_context_everywhere_is_the_full_context_floor():
 
 
 @pytest.mark.parametrize("cap", [1, 2, 4])
+@pytest.mark.slow
 def test_a_cap_for_every_target_makes_higher_orders_the_capped_order(cap):
     train_ids, val_ids = texts(5)
     contexts = np.minimum(np.arange(len(val_ids)), cap)
@@ -421,6 +426,7 @@ def test_bad_contexts_are_refused():
 
 # --- the cache of a scheme's floors ------------------------------------------------------------
 
+@pytest.mark.slow
 def test_scheme_floors_are_cached_by_scheme_text_and_data(fresh_data, monkeypatch):
     train_ids, val_ids, tok = load_dataset(fresh_data)
     half = val_ids[len(val_ids) // 2:]
@@ -457,6 +463,7 @@ def test_scheme_floors_are_cached_by_scheme_text_and_data(fresh_data, monkeypatc
 
 
 @pytest.mark.parametrize("damage", ["{not json", "[]", '{"schemes": 3}', '{"schemes": [1, {"key": 2}]}'])
+@pytest.mark.slow
 def test_a_damaged_cache_is_scored_again(fresh_data, damage):
     train_ids, val_ids, tok = load_dataset(fresh_data)
     with open(os.path.join(fresh_data, ngram.FLOORS_FILE), "w") as f:
@@ -554,6 +561,7 @@ def imports_of(path: str, modules: set) -> set:
     return found & modules
 
 
+@pytest.mark.slow
 def test_no_module_of_the_package_imports_itself_round_a_circle():
     package = os.path.join(ROOT, "babygpt")
     modules = {name[:-3] for name in os.listdir(package) if name.endswith(".py")}
@@ -569,6 +577,7 @@ def test_no_module_of_the_package_imports_itself_round_a_circle():
         assert start not in reached, f"{start} imports itself through {sorted(reached)}"
 
 
+@pytest.mark.slow
 def test_ngram_needs_only_numpy():
     """babygpt/ngram.py imports numpy, the standard library and two small modules, never torch."""
     tree = ast.parse(open(os.path.join(ROOT, "babygpt", "ngram.py"), encoding="utf-8").read())

@@ -227,6 +227,7 @@ def test_qk_clip_runs_after_the_update_and_after_step(small_data, tmp_path, monk
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+@pytest.mark.slow
 def test_qk_clip_bounds_the_logits_the_next_forward_sees(small_data, tmp_path, optimizer):
     """With a tau far below the initial logits every head is clipped at the first step, the count is in
     the metrics rows, and after a clip the largest logit on the same batch is at most about tau."""

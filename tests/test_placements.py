@@ -859,6 +859,7 @@ def data_dir(tmp_path_factory):
     return prepare_small_data(tmp_path_factory.mktemp("placements"))
 
 
+@pytest.mark.slow
 def test_a_run_from_scratch_profiles_admin_once_and_a_resume_keeps_its_omega(data_dir, tmp_path):
     """The trainer profiles a run from scratch before its first step, on a batch of its own (the
     run's data order is that of an unprofiled run), and never again: a resume loads omega."""
@@ -1046,6 +1047,7 @@ def test_ngpt_refuses_weight_decay_its_renormalization_would_undo():
     assert load_config([os.path.join(ROOT, "config", "ngpt.py")]).weight_decay == 0
 
 
+@pytest.mark.slow
 def test_ngpt_trains_and_its_config_file_builds_it(data_dir, tmp_path):
     from babygpt.trainer import Trainer
     from conftest import TINY_TRAIN_ARGS

@@ -11,6 +11,8 @@ from babygpt.config import load_config
 from babygpt.trainer import train
 from conftest import ROOT, TINY_TRAIN_ARGS, once, prepare_small_data
 
+pytestmark = pytest.mark.slow  # not in the fast loop: each test trains runs and reads their records
+
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):

@@ -115,10 +115,18 @@ def one_norm(placement, name, overrides):
     return placement, norm, overrides, f"{placement}-{norm}-{name}"
 
 
-DEFAULT_PLACEMENT_VARIANTS = params(
+def fast_with_the_default_norm_only(grid):
+    """``grid`` with its cases of other norm types marked slow: the fast loop runs each variant once,
+    with GPTConfig's default norm type; the whole suite runs them all."""
+    default = GPTConfig.__dataclass_fields__["norm_type"].default
+    return [p if p.values[1] == default else pytest.param(*p.values, id=p.id, marks=(*p.marks, pytest.mark.slow))
+            for p in grid]
+
+
+DEFAULT_PLACEMENT_VARIANTS = fast_with_the_default_norm_only(params(
     [(DEFAULT_PLACEMENT, n, v, f"{DEFAULT_PLACEMENT}-{n}-{name}")
      for (name, v), n in itertools.product(QK_VARIANTS.items(), NORMS)]
-    + [one_norm(DEFAULT_PLACEMENT, name, v) for name, v in ATTENTION_VARIANTS.items()], model_config)
+    + [one_norm(DEFAULT_PLACEMENT, name, v) for name, v in ATTENTION_VARIANTS.items()], model_config))
 # Every placement with RoPE (the cached keys are stored rotated, and the window restarts at
 # position 0 after each jump), with one norm type it accepts.
 ROPE_GRID = params([one_norm(p, "rope", dict(pos="rope")) for p in PLACEMENTS], model_config)
@@ -253,11 +261,10 @@ def valid_run(placement, norm, overrides) -> None:
     run_config(placement, norm, overrides, "data", "out")
 
 
-RESUME_GRID = params(((p, n, {}, f"{p}-{n}") for p, n in itertools.product(PLACEMENTS, NORMS)), valid_run)
-# The default placement's pairs run in the fast loop; the other placements' are slow (three short runs each).
-RESUME_GRID = [p if p.values[0] == DEFAULT_PLACEMENT else pytest.param(*p.values, id=p.id,
-                                                                         marks=(*p.marks, pytest.mark.slow))
-               for p in RESUME_GRID]
+# The default model's pair runs in the fast loop; the others are slow (three short runs each).
+RESUME_GRID = fast_with_the_default_norm_only(
+    [p if p.values[0] == DEFAULT_PLACEMENT else pytest.param(*p.values, id=p.id, marks=(*p.marks, pytest.mark.slow))
+     for p in params(((p, n, {}, f"{p}-{n}") for p, n in itertools.product(PLACEMENTS, NORMS)), valid_run)])
 RESUME_VARIANTS = params([one_norm(DEFAULT_PLACEMENT, "modern", QK_VARIANTS["modern"])], valid_run)
 
 

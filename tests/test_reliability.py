@@ -18,6 +18,8 @@ from babygpt.state import COMPLETED
 from babygpt.trainer import WALL_CLOCK_FIELDS, Trainer, train
 from conftest import NaNAfter, ROOT, TINY_TRAIN_ARGS, assert_user_error, once, prepare_small_data
 
+pytestmark = pytest.mark.slow  # not in the fast loop: each test trains runs: resumes, signals, non-finite losses
+
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):

@@ -16,6 +16,8 @@ from babygpt.state import ENDED
 from babygpt.sweep import Run, Sweep
 from conftest import ROOT, TINY_TRAIN_ARGS, prepare_small_data
 
+pytestmark = pytest.mark.slow  # not in the fast loop: each test trains runs and stores them, or reads the committed stores
+
 BASE = [a for a in TINY_TRAIN_ARGS if not a.startswith("--device")] + ["--device=cpu", "--max_iters=10"]
 
 

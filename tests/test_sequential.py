@@ -23,6 +23,7 @@ def test_the_boundaries_are_the_published_lan_demets_obrien_fleming_ones():
     assert all(a > b for a, b in zip(boundaries(LOOKS), boundaries(LOOKS)[1:]))  # early looks are strict
 
 
+@pytest.mark.slow
 def test_with_known_variance_the_chance_of_ever_crossing_is_alpha():
     """200,000 paths of sums of standard-normal differences, looked at after 5, 10, ..., 30 pairs."""
     generator = torch.Generator().manual_seed(0)
@@ -40,6 +41,7 @@ def tables(effects: list[float], count: int, seed: int) -> list[dict]:
     return [{f"c{j}": (draws[t, j] + effects[j]).tolist() for j in range(len(effects))} for t in range(count)]
 
 
+@pytest.mark.slow
 def test_a_table_with_no_differences_says_better_or_worse_at_most_alpha_of_the_time():
     """Six comparisons, none with a difference, unit spread, margin 0.5: the chance that a table shows
     any "better" or "worse" is at most 5% (family-wise, over the looks and the rows)."""
@@ -50,6 +52,7 @@ def test_a_table_with_no_differences_says_better_or_worse_at_most_alpha_of_the_t
     assert wrong / 1500 <= 0.05 + 0.017  # (3 MC standard errors at 5%)
 
 
+@pytest.mark.slow
 def test_equivalence_is_claimed_at_most_alpha_of_the_time_when_the_difference_is_the_margin():
     claimed = 0
     for diffs in tables([0.5], 3000, seed=2):

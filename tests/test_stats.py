@@ -194,6 +194,7 @@ def test_kendall_tau_b_leaves_ties_out_of_both_counts():
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7])
+@pytest.mark.slow
 def test_kendall_ceiling_is_the_smallest_tau_the_exact_permutation_test_rejects(n):
     from babygpt.stats import kendall_ceiling
 

@@ -8,6 +8,8 @@ import pytest
 
 from babygpt import tracker
 
+pytestmark = pytest.mark.slow  # not in the fast loop: each test trains a run into a tracker
+
 
 def read_events(log_dir):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -17,6 +17,8 @@ from babygpt.runtime import CUBLAS_WORKSPACE
 from babygpt.trainer import Trainer, estimate_loss, train
 from conftest import TINY_TRAIN_ARGS, assert_same_weights, once, prepare_small_data, tiny_config
 
+pytestmark = pytest.mark.slow  # not in the fast loop: each test trains a run
+
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):

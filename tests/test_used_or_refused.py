@@ -26,7 +26,7 @@ VALUES = {
     "emb_norm": [True], "norm_gain_offset": [True], "derf_alpha_init": [0.9], "derf_shift_init": [0.3],
     "pos": ["rope"], "rope_base": [100.0], "qk_norm_scope": ["width"], "qk_norm_order": ["rope_norm"],
     "mlp": ["swiglu"], "split_qkv": [True], "zero_init_proj": [True], "residual_lambdas": [True],
-    "logit_softcap": [1e-6], "attn_softcap": [1e-6], "init": ["xavier"], "init_linear": ["xavier"], "init": ["xavier"], "init_linear": ["xavier"],
+    "logit_softcap": [1e-6], "attn_softcap": [1e-6], "init": ["xavier"], "init_linear": ["xavier"],
     "init_embedding": ["unit"], "init_depth_factor": [False, True],
 }
 OPTIONS = [name for name in options_of(GPTConfig) if name not in STRUCTURAL]
@@ -64,8 +64,11 @@ def same_model(a: GPTConfig, b: GPTConfig) -> bool:
     return same_state and logits_a.shape == logits_b.shape and torch.equal(logits_a, logits_b)
 
 
-CASES = [(p, "rmsnorm", o) for p in PLACEMENTS for o in OPTIONS] + \
-        [(DEFAULT_PLACEMENT, n, o) for n in NORMS if n != "rmsnorm" for o in OPTIONS]
+# The fast loop runs every option on the default model; the other placements' and norms' cases run in
+# the whole suite.
+CASES = [pytest.param(p, "rmsnorm", o, marks=() if p == DEFAULT_PLACEMENT else pytest.mark.slow)
+         for p in PLACEMENTS for o in OPTIONS] + \
+        [pytest.param(DEFAULT_PLACEMENT, n, o, marks=pytest.mark.slow) for n in NORMS if n != "rmsnorm" for o in OPTIONS]
 
 
 def test_every_model_option_has_a_value_here():
