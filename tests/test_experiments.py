@@ -34,6 +34,9 @@ def run_experiment(script, *args, cwd, monkeypatch):
     from babygpt import cli
 
     monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    # pytest names the running test in the environment; the launcher starts its server again whenever
+    # the environment changed, which would be at every test. No run reads the name.
+    monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)
     module, common = importlib.import_module(script), importlib.import_module("_common")
     path = os.path.join(ROOT, "experiments", script + ".py")
     monkeypatch.setattr(sys, "argv", [path, *args])  # the report's "Command:" line reads it
