@@ -729,6 +729,26 @@ def sweep_scenario(base, data_dir):
     return scenario, scenario.run()
 
 
+@contextlib.contextmanager
+def drawing_skipped():
+    """matplotlib draws nothing: each figure is saved as the same few bytes of PNG, through the same
+    babygpt.plot.save (so written at the same fault points). Drawing is most of an experiment's
+    --quick time, run about seventy times here; these scenarios test what is written and how, and
+    the quick-mode tests (test_experiments) draw the figures."""
+    from matplotlib.figure import Figure
+
+    one_pixel = io.BytesIO()
+    Figure(figsize=(0.01, 0.01)).savefig(one_pixel, dpi=100, format="png")  # a whole PNG, ending in IEND
+
+    def savefig(self, target, **kwargs):
+        target.write(one_pixel.getvalue())
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Figure, "savefig", savefig)
+        patch.setattr(Figure, "tight_layout", lambda self, *a, **k: None)
+        yield
+
+
 def experiment_template(base, overwrite):
     out = os.path.join(fresh(base, "exp1-template"), "exp1")
     main = load_experiment("exp1_gradient_vanishing")
@@ -740,14 +760,16 @@ def experiment_template(base, overwrite):
 
 @pytest.fixture(scope="module")
 def exp1_rerun_scenario(base):
-    scenario = ExperimentScenario(base, experiment_template(base, False), overwrite=False)
-    return scenario, scenario.run()
+    with drawing_skipped():
+        scenario = ExperimentScenario(base, experiment_template(base, False), overwrite=False)
+        return scenario, scenario.run()
 
 
 @pytest.fixture(scope="module")
 def exp1_overwrite_scenario(base):
-    scenario = ExperimentScenario(base, experiment_template(base, True), overwrite=True)
-    return scenario, scenario.run()
+    with drawing_skipped():
+        scenario = ExperimentScenario(base, experiment_template(base, True), overwrite=True)
+        return scenario, scenario.run()
 
 
 # ============================================================================ the tests
