@@ -32,7 +32,7 @@ from babygpt.model import GPT, GPTConfig
 from babygpt.norms import NORMS
 from babygpt.placements import DEFAULT as DEFAULT_PLACEMENT, PLACEMENTS
 from babygpt.trainer import WALL_CLOCK_FIELDS, train
-from conftest import TINY_TRAIN_ARGS, once, tiny_config
+from conftest import DEFAULT_MODEL, TINY_TRAIN_ARGS, once, tiny_config
 
 # Mix-LN makes floor(mixln_alpha * n_layer) blocks Post-LN: with the default 0.25 a 2-layer model
 # would have none and be plain Pre-LN; 0.5 gives it one of each. Set wherever the library accepts it
@@ -118,9 +118,8 @@ def one_norm(placement, name, overrides):
 def fast_with_the_default_norm_only(grid):
     """``grid`` with its cases of other norm types marked slow: the fast loop runs each variant once,
     with GPTConfig's default norm type; the whole suite runs them all."""
-    default = GPTConfig.__dataclass_fields__["norm_type"].default
-    return [p if p.values[1] == default else pytest.param(*p.values, id=p.id, marks=(*p.marks, pytest.mark.slow))
-            for p in grid]
+    return [p if p.values[1] == DEFAULT_MODEL.norm_type
+            else pytest.param(*p.values, id=p.id, marks=(*p.marks, pytest.mark.slow)) for p in grid]
 
 
 DEFAULT_PLACEMENT_VARIANTS = fast_with_the_default_norm_only(params(
