@@ -24,7 +24,9 @@ seeds come in rounds, each comparison is looked at after every round and stops o
 worse or equivalent within ±m; the next round trains the next seeds of the comparisons still open
 (and the baseline's), up to the last look. O'Brien-Fleming alpha spending keeps the table's error
 rate over the looks, Holm over the comparisons; the report gives each comparison's look-by-look
-path and the pairs it used. The robustness runs (step 3) are the first look's seeds.
+path and the pairs it used. The robustness runs (step 3) are the first look's seeds. After each look,
+progress.md gives where the stage stands (the verdicts so far and the pairs each would still need),
+long before report.md exists.
 "Loss" is the final evaluation of the validation split's test part (test_loss), and LRs are tuned on
 its other part (tune_loss); runs from before that split was recorded are tuned and reported on the
 whole split (val_loss_full), as the report says (babygpt.verdicts.loss_split). min_lr is always lr / 10,
@@ -67,6 +69,7 @@ from babygpt.verdicts import ALPHA, EQUIVALENCE_MARGIN, MIN_PAIRS_FOR_VERDICT, c
     floor_interval, leave_one_seed_out, loss_split, mean_interval, outcome_counts, pairs_of, reported_loss, \
     split_sentence, tuning_loss, verdict_loss
 from babygpt.errors import BabyGPTError
+from babygpt.files import write_atomic
 from babygpt.ngram import label, strongest
 from babygpt.options import option
 from babygpt.plot import load_run, new_figure, reference_lines, save, save_log_x
@@ -319,11 +322,61 @@ def sequential_rounds(plan: Plan, tuned: dict, margin: float, unigram: float | N
                                      if name != base}, plan.looks, margin)
         done = min((len(path) for path in paths.values()), default=len(plan.looks))
         still_open = [name for name, path in paths.items() if path and path[-1].verdict is None]
+        write_progress(plan, runs, rows, losses, paths, margin, continues=bool(still_open) and done < len(plan.looks))
         wanted = {**counts, **({name: plan.looks[done] for name in [*still_open, base]}
                                if still_open and done < len(plan.looks) else {})}
         if wanted == counts:  # decided, at the last look, or (pairs lost to a run without a loss) stuck
             return runs, paths
         counts = wanted
+
+
+PROGRESS_FILE = "progress.md"  # --looks: where the stage stands after its latest look
+
+
+def write_progress(plan: Plan, runs: dict, rows: dict, losses: dict, paths: dict, margin: float,
+                   continues: bool) -> None:
+    """progress.md after each look of a --looks stage: a campaign of many CPU hours is read, cited
+    and stopped between looks, long before report.md exists (written once every comparison is
+    decided or the last look is reached). ``runs``: {name: its evaluation runs}; ``rows``: {run
+    name: its result row}."""
+    looked = max((len(path) for path in paths.values()), default=0)
+    state = (f"It continues: the comparisons still open and {plan.baseline} train the next look's seeds; "
+             f"report.md follows when every comparison is decided or the last look is reached."
+             if continues else "It has ended: report.md holds the results.")
+    seeds = sorted({r.seed for rs in runs.values() for r in rs})
+    body = (f"Experiment 2's group-sequential stage after look {looked} of {len(plan.looks)} (looks at "
+            f"{', '.join(map(str, plan.looks))} pairs), evaluation seeds {', '.join(map(str, seeds))} so far. "
+            f"{state} The verdict so far is the sequential verdict at its latest look: *inconclusive so far* while "
+            f"a comparison is open; *pairs to decide* is what a fixed design at the last look's level would need at "
+            f"the paired SD seen so far, for a margin of ±{margin:g}.\n\n"
+            + _common.table_marker("progress")
+            + progress_table(plan, {name: [rows[r.name] for r in rs] for name, rs in runs.items()}, losses, paths, margin,
+                             continues)
+            + "\n\n" + looks_section(plan.looks, paths))
+    text = f"# Normalization configurations compared: the sequential stage so far\n\n{body}\n"
+    write_atomic(os.path.join(plan.out, PROGRESS_FILE), text.encode("utf-8"))
+
+
+def progress_table(plan: Plan, rows: dict, losses: dict, paths: dict, margin: float, continues: bool) -> str:
+    """One row per configuration: its runs so far, their mean, and against the baseline the interval,
+    verdict and pairs to decide at its latest look (sequential_cells; *inconclusive so far* while the
+    stage ``continues``)."""
+    base = plan.baseline
+    table = []
+    for name in plan.configs:
+        rs = rows[name]
+        if name == base:
+            cells = ["(baseline)", "—", "—"]
+        else:
+            diffs = pairs_of(losses[name], losses[base])
+            ci, verdict, to_decide, _ = sequential_cells(paths[name], diffs, plan.looks, margin)
+            if continues:  # an open comparison's verdict is not final while the stage goes on
+                verdict = verdict.replace("inconclusive (", "inconclusive so far (", 1)
+            cells = [ci, verdict, to_decide]
+        table.append([name, outcome_counts(rs), mean_interval(losses[name]), *cells, failure_rate(rs)])
+    return _common.markdown_table(["configuration", "runs", "val loss, mean ± 95% CI",
+                                   f"paired Δ vs {base}, CI at the latest look", "verdict so far", "pairs to decide",
+                                   "collapsed or failed, 95% CI"], table)
 
 
 def train_round(plan: Plan, wanted: dict) -> dict:
@@ -501,7 +554,7 @@ def sequential_cells(path: list, diffs: list, looks: list, margin: float) -> lis
     decided = next(i for i, look in enumerate(path) if look is last)
     level = nominal_levels(looks, ALPHA)[decided]
     test = PairedTest.of(diffs[:last.pairs], margin)
-    ci = f"{test.mean:+.3f} ± {test.half_width(1 - level):.3f} ({100 * (1 - level):.4g}%)"
+    ci = f"{test.mean:+.3f} ± {test.half_width(1 - level):.3f} ({confidence(level)})"
     if last.verdict is not None:
         verdict = f"equivalent within ±{margin:.3f}" if last.verdict == "equivalent" else last.verdict
         return [ci, f"{verdict} (look {decided + 1}, {last.pairs} pairs)", "—", "—"]
@@ -510,6 +563,13 @@ def sequential_cells(path: list, diffs: list, looks: list, margin: float) -> lis
     to_decide = (f"{count_cell(pairs_for_equivalence(sd, margin, final))} (TOST ±{margin:g}); "
                  f"{count_cell(pairs_for_difference(sd, test.mean, final))} (difference)")
     return [ci, f"inconclusive (look {len(path)}, {last.pairs} pairs)", to_decide, "—"]
+
+
+def confidence(alpha: float) -> str:
+    """An interval's confidence for a two-sided level ``alpha``, with the digits that keep it below
+    100%: 0.0125 -> "98.75%", 2.4e-07 -> "99.999976%" (an early look's O'Brien-Fleming level)."""
+    digits = max(2, math.ceil(-math.log10(100 * alpha)) + 1) if alpha > 0 else 2
+    return f"{100 * (1 - alpha):.{digits}f}".rstrip("0").rstrip(".") + "%"
 
 
 def verdict_losses(runs: dict, rows: dict, unigram: float | None) -> dict:

@@ -190,6 +190,20 @@ def fresh_data(small_data, tmp_path):
     return str(copy)
 
 
+def experiment_command(name: str):
+    """experiments/<name>.py's main as its ``__main__`` runs it (_common.main: an error or a stop also
+    says where the results --overwrite was replacing are kept), for a test to call in its process."""
+    import importlib
+
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    try:
+        module = importlib.import_module(name)
+        common = importlib.import_module("_common")
+    finally:
+        sys.path.remove(os.path.join(ROOT, "experiments"))
+    return common.noting_replaced(module.main)
+
+
 def run_script(script, *args, cwd, timeout=120):
     """Run one of the project's scripts as a user would, in ``cwd``."""
     return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=cwd,

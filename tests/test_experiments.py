@@ -7,14 +7,18 @@ import json
 import math
 import os
 import re
+import statistics
 import types
 
 import pytest
 import torch
 
+from babygpt.docverdicts import table_rows
+from babygpt.doctables import report_table
 from babygpt.errors import BabyGPTError
 from babygpt.sweep import DONE
-from conftest import ROOT, TINY_TRAIN_ARGS, assert_refused_in_process, once, prepare_small_data, run_script
+from conftest import (ROOT, TINY_TRAIN_ARGS, assert_refused_in_process, experiment_command, once,
+                      prepare_small_data, run_script)
 
 BASE = [a for a in TINY_TRAIN_ARGS if not a.startswith("--device")]
 
@@ -26,7 +30,6 @@ def run_experiment(script, *args, cwd, monkeypatch):
     (babygpt/launcher.py), where a new process would import torch twice (itself and its server): a
     quarter of the time. test_an_experiment_runs_as_a_command starts one as a user does."""
     import contextlib
-    import importlib
     import io
     import subprocess
     import sys
@@ -37,13 +40,13 @@ def run_experiment(script, *args, cwd, monkeypatch):
     # pytest names the running test in the environment; the launcher starts its server again whenever
     # the environment changed, which would be at every test. No run reads the name.
     monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)
-    module, common = importlib.import_module(script), importlib.import_module("_common")
+    main = experiment_command(script)
     path = os.path.join(ROOT, "experiments", script + ".py")
     monkeypatch.setattr(sys, "argv", [path, *args])  # the report's "Command:" line reads it
     out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
     try:
         with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = cli.run(common.noting_replaced(module.main), list(args))
+            code = cli.run(main, list(args))
     finally:
         torch.set_num_threads(threads)  # an experiment that times kernels may set its own
     return subprocess.CompletedProcess([path, *args], code, out.getvalue(), err.getvalue())
@@ -1345,16 +1348,17 @@ def test_an_empty_entry_of_a_comma_separated_experiment_option_is_refused(script
                                     f"with none empty or blank (no comma doubled or at either end)"], text
 
 
-def test_exp2_looks_train_seeds_in_rounds_only_for_the_comparisons_still_open(monkeypatch):
+def test_exp2_looks_train_seeds_in_rounds_only_for_the_comparisons_still_open(monkeypatch, tmp_path):
     """--looks: every configuration runs the first look's seeds; a comparison decided at a look trains no
     more; the baseline and the open ones go on to the last look; the paths are the sequential verdicts of
-    all the data; each round waits for the other shards (last=False)."""
+    all the data; each round waits for the other shards (last=False); progress.md says after each look
+    where the stage stands."""
     monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
     import exp2_norm_comparison as exp2
     from babygpt.sequential import sequential_verdicts
 
     looks = [5, 10, 15, 20, 25, 30]
-    plan = exp2.Plan("full", "out", {"base": "base.py", "clear": "clear.py", "null": "null.py"}, "base",
+    plan = exp2.Plan("full", str(tmp_path), {"base": "base.py", "clear": "clear.py", "null": "null.py"}, "base",
                      {}, [0, 1], list(range(2, 32)), looks=looks)
     plan.sweep = lambda runs: runs
 
@@ -1365,7 +1369,12 @@ def test_exp2_looks_train_seeds_in_rounds_only_for_the_comparisons_still_open(mo
 
     rounds = []
 
+    progress = tmp_path / exp2.PROGRESS_FILE
+    seen = []  # progress.md as each round after the first starts: the look before it
+
     def finished_rows(runs, last=True):
+        if rounds:
+            seen.append(progress.read_text())
         rounds.append(({exp2.config_name(r.config) for r in runs}, len(runs), last))
         return {r.name: {"status": "finished", "val_loss_full": loss(r)} for r in runs}
 
@@ -1392,6 +1401,23 @@ def test_exp2_looks_train_seeds_in_rounds_only_for_the_comparisons_still_open(mo
     assert [r.seed for r in plan.runner_up_runs({"base": 3e-3})["base"]] == list(range(2, 7))
     rule = exp2.verdict_rule(2, 0.01, None, 3.35, looks)
     assert "group-sequential" in rule and "O'Brien-Fleming" in rule and "30 pairs: " in rule
+    # progress.md: the table after each look, open comparisons "so far" until the stage ends
+    assert len(seen) == 5 and "after look 1 of 6" in seen[0] and "It continues" in seen[0]
+    def progress_rows(text):
+        (tmp_path / "look.md").write_text(text)
+        return table_rows(report_table(str(tmp_path / "look.md"), "progress"))
+
+    first = progress_rows(seen[0])
+    assert first["clear"]["verdict so far"] == "better (look 1, 5 pairs)"
+    assert first["null"]["verdict so far"] == "inconclusive so far (look 1, 5 pairs)"
+    assert first["null"]["pairs to decide"].endswith("(difference)") and first["base"]["runs"] == "5 finished"
+    assert first["null"]["paired Δ vs base, CI at the latest look"].startswith(f"{statistics.fmean(null_diffs[:5]):+.3f} ± ")
+    assert [exp2.confidence(a) for a in (0.05, 0.0125, 2.4e-07)] == ["95%", "98.75%", "99.999976%"]
+    last = progress.read_text()
+    assert "after look 6 of 6" in last and "It has ended" in last and "look 6: 30 pairs" in last
+    final = progress_rows(last)
+    assert final["null"]["verdict so far"] == verdict and final["null"]["runs"] == "30 finished"
+    assert final["clear"]["collapsed or failed, 95% CI"] == "0 of 5 (0%–52%)"
 
 
 def test_exp2_table_gives_each_configurations_collapse_rate_and_its_verdict_on_the_runs_that_trained(monkeypatch):

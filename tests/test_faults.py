@@ -52,7 +52,7 @@ from babygpt.checkpoint import load_checkpoint
 from babygpt.cli import run, train_main
 from babygpt.config import load_config
 from babygpt.trainer import WALL_CLOCK_FIELDS, Trainer
-from conftest import ROOT, once, prepare_small_data
+from conftest import ROOT, experiment_command, once, prepare_small_data
 
 FAULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "faults")
 _spec = importlib.util.spec_from_file_location("fault_injector", os.path.join(FAULTS, "fault_injector.py"))
@@ -604,17 +604,6 @@ def results(sweep_dir):
         return list(csv.DictReader(f))
 
 
-def load_experiment(name):
-    sys.path.insert(0, os.path.join(ROOT, "experiments"))
-    try:
-        module = importlib.import_module(name)
-        common = importlib.import_module("_common")
-    finally:
-        sys.path.remove(os.path.join(ROOT, "experiments"))
-    wrap = getattr(common, "noting_replaced", lambda fn: fn)  # what _common.main runs
-    return wrap(module.main)
-
-
 EXP1_FILES = ("settings.json", "gradient_vanishing.csv", "gradient_vanishing.png", "report.md")
 
 
@@ -629,7 +618,7 @@ class ExperimentScenario(Scenario):
         super().__init__(base)
         self.template, self.overwrite = template, overwrite
         self.name = "exp1-overwrite" if overwrite else "exp1-rerun"
-        self.main = load_experiment("exp1_gradient_vanishing")
+        self.main = experiment_command("exp1_gradient_vanishing")
 
     def setup(self, work):
         shutil.copytree(self.template, os.path.join(work, "exp1"))
@@ -751,7 +740,7 @@ def drawing_skipped():
 
 def experiment_template(base, overwrite):
     out = os.path.join(fresh(base, "exp1-template"), "exp1")
-    main = load_experiment("exp1_gradient_vanishing")
+    main = experiment_command("exp1_gradient_vanishing")
     _clear_pending_overwrites()
     with contextlib.redirect_stdout(io.StringIO()):
         assert run(main, ["--quick", "--out", out, *(["--depth", "4"] if overwrite else [])]) == 0
