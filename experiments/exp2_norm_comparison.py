@@ -362,6 +362,7 @@ def progress_table(plan: Plan, rows: dict, losses: dict, paths: dict, margin: fl
     verdict and pairs to decide at its latest look (sequential_cells; *inconclusive so far* while the
     stage ``continues``)."""
     base = plan.baseline
+    on_trained = trained_verdicts(plan, rows, margin)
     table = []
     for name in plan.configs:
         rs = rows[name]
@@ -373,10 +374,11 @@ def progress_table(plan: Plan, rows: dict, losses: dict, paths: dict, margin: fl
             if continues:  # an open comparison's verdict is not final while the stage goes on
                 verdict = verdict.replace("inconclusive (", "inconclusive so far (", 1)
             cells = [ci, verdict, to_decide]
-        table.append([name, outcome_counts(rs), mean_interval(losses[name]), *cells, failure_rate(rs)])
+        table.append([name, outcome_counts(rs), mean_interval(losses[name]), *cells, failure_rate(rs),
+                      on_trained.get(name, "—")])
     return _common.markdown_table(["configuration", "runs", "val loss, mean ± 95% CI",
                                    f"paired Δ vs {base}, CI at the latest look", "verdict so far", "pairs to decide",
-                                   "collapsed or failed, 95% CI"], table)
+                                   "collapsed or failed, 95% CI", "verdict on the runs that trained"], table)
 
 
 def train_round(plan: Plan, wanted: dict) -> dict:
@@ -608,7 +610,8 @@ def tuned_table(plan: Plan, outcome: Outcome, losses: dict, runner_up: dict, mar
               f"paired Δ vs {base}, 95% CI", "Holm-step CI" if outcome.paths is None else "CI at the deciding look", "verdict", "pairs to decide", "leave-one-seed-out",
               f"robust at runner-up LR ({base}'s / own)", "collapsed or failed, 95% CI",
               "verdict on the runs that trained", "train time / run (s)"]
-    on_trained = trained_verdicts(plan, outcome, margin)
+    on_trained = trained_verdicts(plan, {name: [outcome.rows[r.name] for r in runs]
+                                         for name, runs in outcome.seed_runs.items()}, margin)
     table = []
     for name in plan.configs:
         rs = [outcome.rows[r.name] for r in outcome.seed_runs[name]]
@@ -648,17 +651,16 @@ def percent(rate: float) -> str:
     return f"{100 * rate:.1f}%" if 0 < 100 * rate < 9.95 else f"{100 * rate:.0f}%"
 
 
-def trained_verdicts(plan: Plan, outcome: Outcome, margin: float) -> dict:
+def trained_verdicts(plan: Plan, rows: dict, margin: float) -> dict:
     """{name: its verdict against the baseline over the pairs where both runs finished}, drawn as the
     table's own (Holm over the table, sequential over the looks with --looks), where some run did not
-    finish; "— (every run trained)" where none failed."""
-    rows = {name: [outcome.rows[r.name] for r in runs] for name, runs in outcome.seed_runs.items()}
+    finish; "— (every run trained)" where none failed. ``rows``: {name: its evaluation runs' rows}."""
     if all(r["status"] == "finished" for rs in rows.values() for r in rs):
         return {name: "— (every run trained)" for name in rows if name != plan.baseline}
     losses = {name: [reported_loss(r) if r["status"] == "finished" else math.inf for r in rs]
               for name, rs in rows.items()}
     base = plan.baseline
-    if outcome.paths is None:
+    if not plan.looks:
         return {name: f"{c.call()} ({c.pairs} pairs)" for name, c in compare_table(losses, base, margin).items()}
     paths = sequential_verdicts({name: pairs_of(losses[name], losses[base]) for name in losses if name != base},
                                 plan.looks, margin)

@@ -1418,6 +1418,7 @@ def test_exp2_looks_train_seeds_in_rounds_only_for_the_comparisons_still_open(mo
     final = progress_rows(last)
     assert final["null"]["verdict so far"] == verdict and final["null"]["runs"] == "30 finished"
     assert final["clear"]["collapsed or failed, 95% CI"] == "0 of 5 (0%–52%)"
+    assert final["null"]["verdict on the runs that trained"] == "— (every run trained)"
 
 
 def test_exp2_table_gives_each_configurations_collapse_rate_and_its_verdict_on_the_runs_that_trained(monkeypatch):
@@ -1449,6 +1450,20 @@ def test_exp2_table_gives_each_configurations_collapse_rate_and_its_verdict_on_t
                             0.01, {}, None)
     assert "| 0 of 5 (0%–52%) | — (every run trained) |" in calm
     assert "Clopper & Pearson 1934" in exp2.verdict_rule(1, 0.01, None, 3.35)
+    # --looks: progress.md's row, the collapse rate and the sequential verdict over the runs that trained
+    from babygpt.sequential import sequential_verdicts
+
+    looks = [5, 10]
+    plan = exp2.Plan("default", "out", configs, "base", [1e-3, 3e-3], [0, 1], list(range(2, 12)), looks=looks)
+    by_name = {n: [{"status": s, "val_loss_full": v} for v, s in zip(values[n], status[n])] for n in configs}
+    paths = sequential_verdicts({"var": [a - b for a, b in zip(values["var"], values["base"])]}, looks, 0.01)
+    progress = exp2.progress_table(plan, by_name, values, paths, 0.01, continues=True)
+    row = table_rows(progress)["var"]
+    assert row["collapsed or failed, 95% CI"] == "1 of 5 (0.5%–72%)" and row["runs"] == "4 finished, 1 collapsed"
+    # the 4 pairs that trained do not reach the first look's 5 (the fixed design above calls them better)
+    assert sequential_verdicts({"var": [-0.10, -0.11, -0.09, -0.11]}, looks, 0.01) == {"var": []}
+    assert row["verdict on the runs that trained"] == "inconclusive (4 pairs)"
+    assert row["verdict so far"] == "inconclusive so far (look 1, 5 pairs)"
 
 
 @pytest.mark.parametrize("argv, fragment", [
