@@ -377,7 +377,7 @@ def progress_table(plan: Plan, rows: dict, losses: dict, paths: dict, margin: fl
         table.append([name, outcome_counts(rs), mean_interval(losses[name]), *cells, failure_rate(rs),
                       on_trained.get(name, "—")])
     return _common.markdown_table(["configuration", "runs", "val loss, mean ± 95% CI",
-                                   f"paired Δ vs {base}, CI at the latest look", "verdict so far", "pairs to decide",
+                                   f"paired Δ vs {base}, CI at the latest look", "verdict", "pairs to decide",
                                    "collapsed or failed, 95% CI", "verdict on the runs that trained"], table)
 
 

@@ -13,7 +13,7 @@ import types
 import pytest
 import torch
 
-from babygpt.docverdicts import table_rows
+from babygpt.docverdicts import table_rows, table_verdict
 from babygpt.doctables import report_table
 from babygpt.errors import BabyGPTError
 from babygpt.sweep import DONE
@@ -1408,15 +1408,16 @@ def test_exp2_looks_train_seeds_in_rounds_only_for_the_comparisons_still_open(mo
         return table_rows(report_table(str(tmp_path / "look.md"), "progress"))
 
     first = progress_rows(seen[0])
-    assert first["clear"]["verdict so far"] == "better (look 1, 5 pairs)"
-    assert first["null"]["verdict so far"] == "inconclusive so far (look 1, 5 pairs)"
+    assert first["clear"]["verdict"] == "better (look 1, 5 pairs)"
+    assert first["null"]["verdict"] == "inconclusive so far (look 1, 5 pairs)"
+    assert table_verdict(first["null"]) == "inconclusive" and table_verdict(first["base"]) == "baseline"  # citable
     assert first["null"]["pairs to decide"].endswith("(difference)") and first["base"]["runs"] == "5 finished"
     assert first["null"]["paired Δ vs base, CI at the latest look"].startswith(f"{statistics.fmean(null_diffs[:5]):+.3f} ± ")
     assert [exp2.confidence(a) for a in (0.05, 0.0125, 2.4e-07)] == ["95%", "98.75%", "99.999976%"]
     last = progress.read_text()
     assert "after look 6 of 6" in last and "It has ended" in last and "look 6: 30 pairs" in last
     final = progress_rows(last)
-    assert final["null"]["verdict so far"] == verdict and final["null"]["runs"] == "30 finished"
+    assert final["null"]["verdict"] == verdict and final["null"]["runs"] == "30 finished"
     assert final["clear"]["collapsed or failed, 95% CI"] == "0 of 5 (0%–52%)"
     assert final["null"]["verdict on the runs that trained"] == "— (every run trained)"
 
@@ -1463,7 +1464,7 @@ def test_exp2_table_gives_each_configurations_collapse_rate_and_its_verdict_on_t
     # the 4 pairs that trained do not reach the first look's 5 (the fixed design above calls them better)
     assert sequential_verdicts({"var": [-0.10, -0.11, -0.09, -0.11]}, looks, 0.01) == {"var": []}
     assert row["verdict on the runs that trained"] == "inconclusive (4 pairs)"
-    assert row["verdict so far"] == "inconclusive so far (look 1, 5 pairs)"
+    assert row["verdict"] == "inconclusive so far (look 1, 5 pairs)"
 
 
 @pytest.mark.parametrize("argv, fragment", [
