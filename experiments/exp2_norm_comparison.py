@@ -348,7 +348,8 @@ def write_progress(plan: Plan, runs: dict, rows: dict, losses: dict, paths: dict
             f"{', '.join(map(str, plan.looks))} pairs), evaluation seeds {', '.join(map(str, seeds))} so far. "
             f"{state} The verdict so far is the sequential verdict at its latest look: *inconclusive so far* while "
             f"a comparison is open; *pairs to decide* is what a fixed design at the last look's level would need at "
-            f"the paired SD seen so far, for a margin of ±{margin:g}.\n\n"
+            f"the paired SD seen so far: to show equivalence within ±{margin:g} were the true difference 0 (TOST), "
+            f"or to show the difference seen so far.\n\n"
             + _common.table_marker("progress")
             + progress_table(plan, {name: [rows[r.name] for r in rs] for name, rs in runs.items()}, losses, paths, margin,
                              continues)
