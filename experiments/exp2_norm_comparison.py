@@ -339,7 +339,9 @@ def write_progress(plan: Plan, runs: dict, rows: dict, losses: dict, paths: dict
     and stopped between looks, long before report.md exists (written once every comparison is
     decided or the last look is reached). ``runs``: {name: its evaluation runs}; ``rows``: {run
     name: its result row}."""
-    looked = max((len(path) for path in paths.values()), default=0)
+    # the last look that tested a comparison (a decided one's path repeats its deciding look after it)
+    looked = max((next(i for i, look in enumerate(path) if look is path[-1]) + 1 for path in paths.values() if path),
+                 default=0)
     state = (f"It continues: the comparisons still open and {plan.baseline} train the next look's seeds; "
              f"report.md follows when every comparison is decided or the last look is reached."
              if continues else "It has ended: report.md holds the results.")

@@ -1415,6 +1415,16 @@ def test_exp2_looks_train_seeds_in_rounds_only_for_the_comparisons_still_open(mo
     assert first["null"]["paired Δ vs base, CI at the latest look"].startswith(f"{statistics.fmean(null_diffs[:5]):+.3f} ± ")
     assert [exp2.confidence(a) for a in (0.05, 0.0125, 2.4e-07)] == ["95%", "98.75%", "99.999976%"]
     last = progress.read_text()
+    # a stage whose every comparison is decided at look 1 stops there, and says so
+    decided = {"clear": paths["clear"]}
+    pair = exp2.Plan("full", str(tmp_path), {"base": "base.py", "clear": "clear.py"}, "base", {}, [0, 1],
+                     list(range(2, 32)), looks=looks)
+    exp2.write_progress(pair, {n: runs[n][:5] for n in ("base", "clear")}, {r.name: {"status": "finished",
+                        "val_loss_full": loss(r)} for rs in runs.values() for r in rs},
+                        {n: losses[n][:5] for n in ("base", "clear")}, decided, 0.01, continues=False)
+    assert "after look 1 of 6" in progress.read_text() and "It has ended" in progress.read_text()
+    exp2.write_progress(plan, runs, {r.name: {"status": "finished", "val_loss_full": loss(r)} for rs in runs.values()
+                                     for r in rs}, losses, paths, 0.01, continues=False)
     assert "after look 6 of 6" in last and "It has ended" in last and "look 6: 30 pairs" in last
     final = progress_rows(last)
     assert final["null"]["verdict"] == verdict and final["null"]["runs"] == "30 finished"
