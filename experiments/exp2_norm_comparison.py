@@ -291,7 +291,8 @@ def train(args, plan: Plan) -> Outcome:
     paths = None
     if plan.looks:
         seed_runs, paths = sequential_rounds(plan, record["tuned"], args.margin or EQUIVALENCE_MARGIN,
-                                             _common.reference_losses(args.data_dir).get("unigram"))
+                                             _common.reference_losses(args.data_dir).get("unigram"),
+                                             lambda rows: strongest_floor(args.data_dir, rows))
     else:
         seed_runs = plan.seed_runs(record["tuned"])
     robustness = plan.runner_up_runs(record["second"])
@@ -305,7 +306,8 @@ def train(args, plan: Plan) -> Outcome:
                    robustness, rows, paths)
 
 
-def sequential_rounds(plan: Plan, tuned: dict, margin: float, unigram: float | None) -> tuple[dict, dict]:
+def sequential_rounds(plan: Plan, tuned: dict, margin: float, unigram: float | None,
+                      floor_of=lambda rows: None) -> tuple[dict, dict]:
     """--looks: the evaluation seeds a round at a time. Every configuration runs the first look's
     seeds; after each round the table is looked at (sequential.sequential_verdicts) and the next
     look's seeds run for the comparisons still open and the baseline. Returns ({name: its evaluation
@@ -322,7 +324,8 @@ def sequential_rounds(plan: Plan, tuned: dict, margin: float, unigram: float | N
                                      if name != base}, plan.looks, margin)
         done = min((len(path) for path in paths.values()), default=len(plan.looks))
         still_open = [name for name, path in paths.items() if path and path[-1].verdict is None]
-        write_progress(plan, runs, rows, losses, paths, margin, continues=bool(still_open) and done < len(plan.looks))
+        write_progress(plan, runs, rows, losses, paths, margin, continues=bool(still_open) and done < len(plan.looks),
+                       floor=floor_of([rows[r.name] for rs in runs.values() for r in rs]))
         wanted = {**counts, **({name: plan.looks[done] for name in [*still_open, base]}
                                if still_open and done < len(plan.looks) else {})}
         if wanted == counts:  # decided, at the last look, or (pairs lost to a run without a loss) stuck
@@ -333,12 +336,19 @@ def sequential_rounds(plan: Plan, tuned: dict, margin: float, unigram: float | N
 PROGRESS_FILE = "progress.md"  # --looks: where the stage stands after its latest look
 
 
+def strongest_floor(data_dir: str, rows) -> tuple[str, float] | None:
+    """The data's strongest n-gram floor (key, nats), scored on the targets the runs of ``rows`` were
+    scored on, with their context (the full-context floors before any run finished)."""
+    matched = _common.matched_floors(data_dir, rows)
+    return strongest(matched.refs if matched else _common.reference_losses(data_dir))
+
+
 def write_progress(plan: Plan, runs: dict, rows: dict, losses: dict, paths: dict, margin: float,
-                   continues: bool) -> None:
+                   continues: bool, floor: tuple[str, float] | None = None) -> None:
     """progress.md after each look of a --looks stage: a campaign of many CPU hours is read, cited
     and stopped between looks, long before report.md exists (written once every comparison is
     decided or the last look is reached). ``runs``: {name: its evaluation runs}; ``rows``: {run
-    name: its result row}."""
+    name: its result row}; ``floor``: strongest_floor's, for where each mean lies against it."""
     # the last look that tested a comparison (a decided one's path repeats its deciding look after it)
     looked = max((next(i for i, look in enumerate(path) if look is path[-1]) + 1 for path in paths.values() if path),
                  default=0)
@@ -354,13 +364,14 @@ def write_progress(plan: Plan, runs: dict, rows: dict, losses: dict, paths: dict
             f"or to show the difference seen so far.\n\n"
             + _common.table_marker("progress")
             + progress_table(plan, {name: [rows[r.name] for r in rs] for name, rs in runs.items()}, losses, paths, margin,
-                             continues)
+                             continues, floor)
             + "\n\n" + looks_section(plan.looks, paths))
     text = f"# Normalization configurations compared: the sequential stage so far\n\n{body}\n"
     write_atomic(os.path.join(plan.out, PROGRESS_FILE), text.encode("utf-8"))
 
 
-def progress_table(plan: Plan, rows: dict, losses: dict, paths: dict, margin: float, continues: bool) -> str:
+def progress_table(plan: Plan, rows: dict, losses: dict, paths: dict, margin: float, continues: bool,
+                   floor: tuple[str, float] | None = None) -> str:
     """One row per configuration: its runs so far, their mean, and against the baseline the interval,
     verdict and pairs to decide at its latest look (sequential_cells; *inconclusive so far* while the
     stage ``continues``)."""
@@ -377,9 +388,12 @@ def progress_table(plan: Plan, rows: dict, losses: dict, paths: dict, margin: fl
             if continues:  # an open comparison's verdict is not final while the stage goes on
                 verdict = verdict.replace("inconclusive (", "inconclusive so far (", 1)
             cells = [ci, verdict, to_decide]
-        table.append([name, outcome_counts(rs), mean_interval(losses[name]), *cells, failure_rate(rs),
+        table.append([name, outcome_counts(rs), mean_interval(losses[name]),
+                      *([floor_interval(losses[name], floor[1])] if floor else []), *cells, failure_rate(rs),
                       on_trained.get(name, "—")])
     return _common.markdown_table(["configuration", "runs", "val loss, mean ± 95% CI",
+                                   *([f"mean − {label(floor[0])} floor, scored as the runs ({floor[1]:.4f})"]
+                                     if floor else []),
                                    f"paired Δ vs {base}, CI at the latest look", "verdict", "pairs to decide",
                                    "collapsed or failed, 95% CI", "verdict on the runs that trained"], table)
 

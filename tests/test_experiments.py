@@ -1424,6 +1424,12 @@ def test_exp2_looks_train_seeds_in_rounds_only_for_the_comparisons_still_open(mo
                         {n: losses[n][:5] for n in ("base", "clear")}, decided, 0.01, continues=False)
     assert "after look 1 of 6" in progress.read_text() and "It has ended" in progress.read_text()
     exp2.write_progress(plan, runs, {r.name: {"status": "finished", "val_loss_full": loss(r)} for rs in runs.values()
+                                     for r in rs}, losses, paths, 0.01, continues=False, floor=("mkn9", 2.1))
+    from babygpt.ngram import label
+    from babygpt.verdicts import floor_interval
+    where = progress_rows(progress.read_text())["base"][f"mean − {label('mkn9')} floor, scored as the runs (2.1000)"]
+    assert where == floor_interval(losses["base"], 2.1) and where.endswith("(below)")
+    exp2.write_progress(plan, runs, {r.name: {"status": "finished", "val_loss_full": loss(r)} for rs in runs.values()
                                      for r in rs}, losses, paths, 0.01, continues=False)
     assert "after look 6 of 6" in last and "It has ended" in last and "look 6: 30 pairs" in last
     final = progress_rows(last)
