@@ -372,12 +372,15 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def write_report(path: str, title: str, command: str, body: str, started: float) -> None:
+def made_by(command: str) -> str:
+    """A report's lines on what made it: the command, and the machine and torch it ran on."""
     import torch
 
-    text = (f"# {title}\n\nCommand: `{command}`\n\n"
-            f"Machine: {cpu_name()}, {os.cpu_count()} CPUs, torch {torch.__version__}; "
-            f"wall time {time.time() - started:.0f} s\n\n{body}\n")
+    return f"Command: `{command}`\n\nMachine: {cpu_name()}, {os.cpu_count()} CPUs, torch {torch.__version__}"
+
+
+def write_report(path: str, title: str, command: str, body: str, started: float) -> None:
+    text = f"# {title}\n\n{made_by(command)}; wall time {time.time() - started:.0f} s\n\n{body}\n"
     # surrogateescape: a path given on the command line in another encoding is kept byte for byte
     write_atomic(path, text.encode("utf-8", "surrogateescape"))
     experimentdir.commit(os.path.dirname(path))  # the results are complete: what --overwrite replaced goes now

@@ -366,7 +366,8 @@ def write_progress(plan: Plan, runs: dict, rows: dict, losses: dict, paths: dict
             + progress_table(plan, {name: [rows[r.name] for r in rs] for name, rs in runs.items()}, losses, paths, margin,
                              continues, floor)
             + "\n\n" + looks_section(plan.looks, paths))
-    text = f"# Normalization configurations compared: the sequential stage so far\n\n{body}\n"
+    text = (f"# Normalization configurations compared: the sequential stage so far\n\n"
+            f"{_common.made_by(_common.command_line())}\n\n{body}\n")
     write_atomic(os.path.join(plan.out, PROGRESS_FILE), text.encode("utf-8"))
 
 

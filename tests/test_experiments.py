@@ -1403,6 +1403,7 @@ def test_exp2_looks_train_seeds_in_rounds_only_for_the_comparisons_still_open(mo
     assert "group-sequential" in rule and "O'Brien-Fleming" in rule and "30 pairs: " in rule
     # progress.md: the table after each look, open comparisons "so far" until the stage ends
     assert len(seen) == 5 and "after look 1 of 6" in seen[0] and "It continues" in seen[0]
+    assert "\n\nCommand: `python " in seen[0] and f"CPUs, torch {torch.__version__}\n" in seen[0]
     def progress_rows(text):
         (tmp_path / "look.md").write_text(text)
         return table_rows(report_table(str(tmp_path / "look.md"), "progress"))
