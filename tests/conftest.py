@@ -24,8 +24,6 @@ ONE_WORKER_MODULES = {"test_faults", "test_distributed", "test_sweep", "test_plo
                       "test_compare_runs", "test_half"}
 
 
-
-
 def off_the_cross(item) -> bool:
     """A (placement, norm) grid test's case that the fast loop leaves to the whole suite: the fast loop
     runs each such grid on the cross through the default model (every norm under the default
