@@ -16,7 +16,9 @@ set before a process first touches it, so runs pinned to a GPU keep starting as 
 
 One server per environment: a fork inherits what the server imported when it started, so when the
 environment has changed since (a test's fault injector, installed by a sitecustomize on PYTHONPATH),
-the next sweep stops the server and starts a new one; an experiment's sweeps share one.
+the next sweep stops the server and starts a new one; an experiment's sweeps share one. A fork does
+not inherit the server's working directory: it moves to the one its sweep runs in, as a new process
+would start there.
 """
 
 from __future__ import annotations
@@ -29,6 +31,16 @@ import threading
 
 # What the server imports once: the trainer (torch with it) and what torch.optim would load later.
 PRELOAD = ["babygpt.cli", "babygpt.trainer", "torch._dynamo"]
+
+# Variables that name a moment rather than the environment, so a change in them keeps the server:
+# pytest rewrites PYTEST_CURRENT_TEST at each phase of each test, and no import reads it (comparing
+# it restarted the server, about 5 s of CPU, in every test that runs a sweep).
+MOMENTARY = frozenset({"PYTEST_CURRENT_TEST"})
+
+
+def _environment() -> dict[str, str]:
+    """This process's environment as a server started now would inherit it, moments aside."""
+    return {k: v for k, v in os.environ.items() if k not in MOMENTARY}
 
 
 def available() -> bool:
@@ -56,8 +68,10 @@ class ForkedRun:
         return self._process.exitcode
 
 
-def train_in_fork(argv: list[str], log_path: str, env: dict[str, str]) -> None:
-    """The forked run: detach and redirect as a new train.py process would be, then train."""
+def train_in_fork(argv: list[str], log_path: str, env: dict[str, str], cwd: str) -> None:
+    """The forked run: detach, redirect and move to ``cwd`` as a new train.py process started there
+    would be, then train."""
+    os.chdir(cwd)  # the server's own directory is where the first sweep of its environment ran
     os.setsid()  # as start_new_session: a Ctrl-C in the terminal reaches the sweep only
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -106,12 +120,13 @@ class PreloadedLauncher:
         global _server_env
         with _STARTING:
             if not self._checked:
-                if _server_env is not None and _server_env != dict(os.environ):
+                if _server_env is not None and _server_env != _environment():
                     _stop_server()
                 if _server_env is None:
                     self._context.set_forkserver_preload(PRELOAD)
-                    _server_env = dict(os.environ)
+                    _server_env = _environment()
                 self._checked = True
-            process = self._context.Process(target=train_in_fork, args=(argv, log_path, env), daemon=False)
+            process = self._context.Process(target=train_in_fork, args=(argv, log_path, env, os.getcwd()),
+                                            daemon=False)
             process.start()
         return ForkedRun(process)

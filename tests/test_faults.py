@@ -141,13 +141,15 @@ class Faults:
         os.close(fd)
 
     def env(self) -> dict:
+        """The environment of a command under this injector; its settings go to the scratch
+        directory's control file (fault_injector.write_control), so that the environment is the
+        same for every command of a scenario."""
+        control = os.path.join(os.path.dirname(self.counter), "control.json")
+        fault_injector.write_control(control, self.root, self.fail_at, errno.errorcode[self.errno],
+                                     counter=self.counter, log=self.log)
         path = os.pathsep.join(p for p in (FAULTS, os.environ.get("PYTHONPATH")) if p)
-        env = {"PYTHONPATH": path, "BABYGPT_FAULT_ROOT": self.root, "BABYGPT_FAULT_COUNTER": self.counter,
-               "BABYGPT_FAULT_LOG": self.log, "BABYGPT_FAULT_ERRNO": errno.errorcode[self.errno],
-               "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-        if self.fail_at is not None:
-            env["BABYGPT_FAULT_AT"] = str(self.fail_at)
-        return env
+        return {"PYTHONPATH": path, "BABYGPT_FAULT_CONTROL": control, "OMP_NUM_THREADS": "1",
+                "PYTHONDONTWRITEBYTECODE": "1"}
 
     def points(self) -> list[Point]:
         return read_points(self.log)

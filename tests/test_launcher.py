@@ -1,6 +1,7 @@
 """A sweep's CPU runs start as forks of a server that has imported torch (babygpt/launcher.py): each
 must be what `python train.py ARGS` started by subprocess would be, to the bit."""
 
+import multiprocessing.forkserver
 import os
 import subprocess
 import sys
@@ -60,6 +61,28 @@ def test_the_server_restarts_when_the_environment_changed(data_dir, tmp_path, mo
     assert launcher.PreloadedLauncher().start([*args, f"--out_dir={tmp_path / 'b'}"], str(tmp_path / "b.log"),
                                               dict(os.environ)).wait() == 0
     assert launcher._server_env["BABYGPT_LAUNCHER_TEST"] == "changed"
+
+
+def server_pid():
+    return multiprocessing.forkserver._forkserver._forkserver_pid  # (private: the test's only window on it)
+
+
+def test_a_fork_runs_in_its_starters_directory_and_a_momentary_variable_keeps_the_server(data_dir, tmp_path,
+                                                                                          monkeypatch):
+    """Relative paths resolve where the run was started, as for a new process, though the server
+    started elsewhere; pytest's PYTEST_CURRENT_TEST, rewritten at every test, does not restart it."""
+    args = once(f"--data_dir={data_dir}", *TINY_TRAIN_ARGS, "--max_iters=1", "--eval_interval=1")
+    pids = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        assert launcher.PreloadedLauncher().start([*args, "--out_dir=out"], "run.log", dict(os.environ)).wait() == 0
+        assert (tmp_path / name / "out" / "ckpt.pt").exists() and (tmp_path / name / "run.log").exists()
+        pids.append(server_pid())
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "another moment")
+    assert launcher.PreloadedLauncher().start([*args, "--out_dir=out2"], "run.log", dict(os.environ)).wait() == 0
+    pids.append(server_pid())
+    assert pids[0] is not None and pids == [pids[0]] * 3
 
 
 def test_a_sweep_trains_its_cpu_runs_by_fork_with_the_same_results_as_by_new_processes(data_dir, tmp_path,

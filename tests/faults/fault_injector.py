@@ -23,7 +23,7 @@ its train.py) share one numbering. ``log`` (a file path) gets one line per point
 ``<n> <op> <pid> <FAIL|ok> <path>``, to learn what each point is.
 
 tests/faults/sitecustomize.py installs it in any Python process started with tests/faults on
-PYTHONPATH and BABYGPT_FAULT_ROOT set (see ``from_env``).
+PYTHONPATH and BABYGPT_FAULT_CONTROL set (see ``from_env``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from __future__ import annotations
 import builtins
 import errno as errno_module
 import io
+import json
 import os
 import re
 
@@ -60,6 +61,14 @@ def identity(path: str) -> tuple | None:
 class Injector:
     def __init__(self, root: str, fail_at: int | None = None, errno: int = errno_module.ENOSPC,
                  persist: bool = False, counter: str | None = None, log: str | None = None):
+        self._counter_fd = self._log_fd = None
+        self._saved: list[tuple[object, str, object]] = []
+        self.configure(root, fail_at, errno, persist, counter, log)
+
+    def configure(self, root: str, fail_at: int | None = None, errno: int = errno_module.ENOSPC,
+                  persist: bool = False, counter: str | None = None, log: str | None = None) -> None:
+        """Count from zero under ``root``, failing at ``fail_at`` (see the module's docstring)."""
+        self._close()
         self.root = os.path.join(os.path.realpath(root), "")
         self.fail_at, self.errno, self.persist = fail_at, errno, persist
         self.count = 0
@@ -71,7 +80,12 @@ class Injector:
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
         self._counter_fd = _real["os_open"](counter, flags, 0o644) if counter else None
         self._log_fd = _real["os_open"](log, flags, 0o644) if log else None
-        self._saved: list[tuple[object, str, object]] = []
+
+    def _close(self) -> None:
+        for fd in (self._counter_fd, self._log_fd):
+            if fd is not None:
+                os.close(fd)
+        self._counter_fd = self._log_fd = None
 
     # ------------------------------------------------------------------ the points
 
@@ -185,10 +199,7 @@ class Injector:
         while self._saved:
             obj, name, value = self._saved.pop()
             setattr(obj, name, value)
-        for fd in (self._counter_fd, self._log_fd):
-            if fd is not None:
-                os.close(fd)
-        self._counter_fd = self._log_fd = None
+        self._close()
 
 
 class _File:
@@ -238,14 +249,28 @@ class _File:
 ERRNOS = {"ENOSPC": errno_module.ENOSPC, "EIO": errno_module.EIO, "EDQUOT": errno_module.EDQUOT}
 
 
+def write_control(path: str, root: str, fail_at: int | None = None, errno: str = "ENOSPC", persist: bool = False,
+                  counter: str | None = None, log: str | None = None) -> None:
+    """The settings of the next command's injectors, in the file BABYGPT_FAULT_CONTROL names: a file
+    and not the environment, so that the environment stays the same from one command to the next
+    and a sweep's fork server (babygpt/launcher.py), which restarts when it changes, serves them all."""
+    settings = {"root": root, "fail_at": fail_at, "errno": errno, "persist": persist, "counter": counter, "log": log}
+    with _real["open"](path, "w") as f:
+        json.dump(settings, f)
+
+
+def read_control(path: str) -> dict:
+    with _real["open"](path) as f:
+        settings = json.load(f)
+    return {**settings, "errno": ERRNOS[settings["errno"]]}
+
+
 def from_env(environ=os.environ) -> Injector | None:
-    """The injector the environment asks for: BABYGPT_FAULT_ROOT (required), BABYGPT_FAULT_AT (N;
-    absent: only count), BABYGPT_FAULT_ERRNO (ENOSPC, EIO), BABYGPT_FAULT_PERSIST=1,
-    BABYGPT_FAULT_COUNTER and BABYGPT_FAULT_LOG (file paths)."""
-    root = environ.get("BABYGPT_FAULT_ROOT")
-    if not root:
+    """The injector BABYGPT_FAULT_CONTROL's file asks for (write_control), re-read in each forked
+    child (a sweep's runs are forks of a server started before this command), or None without it."""
+    control = environ.get("BABYGPT_FAULT_CONTROL")
+    if not control:
         return None
-    at = environ.get("BABYGPT_FAULT_AT")
-    return Injector(root, int(at) if at else None, ERRNOS[environ.get("BABYGPT_FAULT_ERRNO", "ENOSPC")],
-                    environ.get("BABYGPT_FAULT_PERSIST") == "1", environ.get("BABYGPT_FAULT_COUNTER"),
-                    environ.get("BABYGPT_FAULT_LOG"))
+    injector = Injector(**read_control(control))
+    os.register_at_fork(after_in_child=lambda: injector.configure(**read_control(control)))
+    return injector
