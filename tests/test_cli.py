@@ -11,7 +11,7 @@ import torch
 
 from babygpt import cli
 from babygpt.config import TrainConfig, load_config
-from conftest import ROOT, TINY_TRAIN_ARGS as TINY, once, prepare_small_data, run_script
+from conftest import ROOT, TINY_TRAIN_ARGS as TINY, assert_refused_in_process, once, prepare_small_data, run_script
 from conftest import assert_user_error as conftest_assert_user_error
 
 # The end-to-end tests run the scripts as processes: each is marked slow.
@@ -77,22 +77,27 @@ def test_resume_continues_the_iteration_count(run_dir, tmp_path):
     assert resumes[0]["iter"] == 20
 
 
+# Refusals whose process behaviour (exit 2, one line) test_train_reports_config_problems_without_traceback
+# checks run train.py's main in this process, as train.py runs it.
+
 @pytest.mark.slow
-def test_scratch_run_refuses_to_overwrite_a_run(run_dir):
+def test_scratch_run_refuses_to_overwrite_a_run(run_dir, monkeypatch, capsys):
     work, _ = run_dir
+    monkeypatch.chdir(work)
     before = (work / "out" / "ckpt.pt").read_bytes()
-    proc = run("train.py", "--data_dir=data", "--out_dir=out", "--max_iters=20", *TINY, cwd=work)
-    assert_user_error(proc, "already holds a run", "--init_from=resume")
+    assert_refused_in_process(cli.train_main, ["--data_dir=data", "--out_dir=out", "--max_iters=20", *TINY], capsys,
+                              "already holds a run", "--init_from=resume")
     assert (work / "out" / "ckpt.pt").read_bytes() == before
 
 
 @pytest.mark.slow
-def test_resume_with_other_architecture_is_refused(run_dir):
+def test_resume_with_other_architecture_is_refused(run_dir, monkeypatch, capsys):
     work, _ = run_dir
+    monkeypatch.chdir(work)
     args = [a for a in TINY if not a.startswith("--n_layer")]
-    proc = run("train.py", "--data_dir=data", "--out_dir=out", "--max_iters=40", "--init_from=resume",
-               "--n_layer=3", *args, cwd=work)
-    assert_user_error(proc, "different architecture", "n_layer=2 there, 3 here")
+    assert_refused_in_process(cli.train_main, ["--data_dir=data", "--out_dir=out", "--max_iters=40",
+                                               "--init_from=resume", "--n_layer=3", *args], capsys,
+                              "different architecture", "n_layer=2 there, 3 here")
 
 
 @pytest.mark.slow
@@ -107,24 +112,34 @@ def test_sample_from_checkpoint(run_dir):
         assert s.startswith("To be") and len(s) == len("To be") + 30 + 1  # prompt + new + newline
 
 
+def sample_in_process(argv, capsys) -> str:
+    """sample.py's main through babygpt.cli.run, as sample.py runs it, in this process (sample.py
+    runs as a process in test_sample_from_checkpoint): what it printed."""
+    capsys.readouterr()
+    code = cli.run(cli.sample_main, argv)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
 @pytest.mark.slow
-def test_sample_greedy_is_reproducible_and_reads_file_prompts(run_dir):
+def test_sample_greedy_is_reproducible_and_reads_file_prompts(run_dir, monkeypatch, capsys):
     work, _ = run_dir
+    monkeypatch.chdir(work)
     (work / "prompt.txt").write_text("12: To be")
     args = ["--ckpt=out/best.pt", "--num_samples=1", "--max_new_tokens=25", "--temperature=0", "--device=cpu"]
-    from_file = run("sample.py", "--start=FILE:prompt.txt", *args, cwd=work)
-    inline = run("sample.py", "--start=12: To be", *args, cwd=work)
-    assert from_file.returncode == 0, from_file.stderr
-    assert from_file.stdout == inline.stdout and from_file.stdout.startswith("12: To be")
+    from_file = sample_in_process(["--start=FILE:prompt.txt", *args], capsys)
+    inline = sample_in_process(["--start=12: To be", *args], capsys)
+    assert from_file == inline and from_file.startswith("12: To be")
 
 
 @pytest.mark.slow
-def test_sample_kv_cache_and_recomputation_print_the_same_text(run_dir):
+def test_sample_kv_cache_and_recomputation_print_the_same_text(run_dir, monkeypatch, capsys):
     work, _ = run_dir
+    monkeypatch.chdir(work)
     args = ["--ckpt=out/ckpt.pt", "--start=To be", "--num_samples=2", "--max_new_tokens=60", "--device=cpu"]
-    cached = run("sample.py", *args, cwd=work)
-    recomputed = run("sample.py", *args, "--no_kv_cache", cwd=work)
-    assert cached.returncode == 0 and cached.stdout == recomputed.stdout
+    cached = sample_in_process(args, capsys)
+    assert cached == sample_in_process([*args, "--no_kv_cache"], capsys) and cached.count("To be") == 2
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from babygpt import cli
+from babygpt import cli, launcher
 from babygpt.checkpoint import load_checkpoint, save_checkpoint
 from babygpt.config import load_config
 from babygpt.errors import BabyGPTError
@@ -45,6 +45,14 @@ def start_training(out_dir, data_dir, *extra):
     return subprocess.Popen(once(sys.executable, os.path.join(ROOT, "train.py"), f"--data_dir={data_dir}",
                              f"--out_dir={out_dir}", *TINY_TRAIN_ARGS, *extra),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def fork_training(out_dir, data_dir, *extra):
+    """A run started as a sweep starts its CPU runs: a fork of the server that has imported torch
+    (babygpt/launcher.py; test_launcher shows it trains as a new train.py process, to the bit),
+    its output appended to ``out_dir``.log. Returns the run (poll, send_signal, wait)."""
+    argv = once(f"--data_dir={data_dir}", f"--out_dir={out_dir}", *TINY_TRAIN_ARGS, *extra)
+    return launcher.PreloadedLauncher().start(argv, f"{out_dir}.log", dict(os.environ))
 
 
 def logged_iter(out_dir) -> int:
@@ -141,7 +149,8 @@ def test_sigkill_at_random_moments_always_resumes(data_dir, tmp_path):
     """Kill a run at points spread over its progress (mid-step, mid-eval, mid-checkpoint-write); each
     time the next run continues from what is on disk, and the final metrics equal an unkilled run's.
     Each kill waits for its target iteration to be logged, so the number of kills does not depend on
-    how fast the machine is; where in the step, eval or write the SIGKILL lands is up to the moment."""
+    how fast the machine is; where in the step, eval or write the SIGKILL lands is up to the moment.
+    The killed runs are forks, as a sweep starts them (the signals' tests below start train.py)."""
     max_iters = 80
     args = [f"--max_iters={max_iters}", "--eval_interval=4", "--eval_iters=1", "--log_interval=2"]
     reference = tmp_path / "reference"
@@ -160,23 +169,22 @@ def test_sigkill_at_random_moments_always_resumes(data_dir, tmp_path):
         resume = ckpt.exists()
         if resume:
             resumed_from.append(load_checkpoint(str(ckpt))["iter"])  # loadable after every kill
-        proc = start_training(out, data_dir, *args, f"--init_from={'resume' if resume else 'scratch'}")
+        proc = fork_training(out, data_dir, *args, f"--init_from={'resume' if resume else 'scratch'}")
         target = max(logged_iter(out) + 1, aim)  # past what is already logged
         started = wait_for_run_start(out, proc, resumes=len(resumed_from)) and wait_for_iter(out, proc, target)
         if started and aim % 4 == 0:
             wait_for_checkpoint_write(out, proc, aim + 2)
         if not started or proc.poll() is not None:  # finished before the kill
-            assert proc.wait() == 0, proc.communicate()
+            assert proc.wait() == 0, (tmp_path / "killed.log").read_text()
             break
         proc.send_signal(signal.SIGKILL)
-        proc.communicate()
+        assert proc.wait() == -signal.SIGKILL
         kills += 1
         half_written += any(f.startswith(".tmp-") for f in os.listdir(out))  # killed mid-write
     print(f"kills={kills} resumed_from={resumed_from} killed_mid_write={half_written}")
     assert kills >= 4
-    proc = start_training(out, data_dir, *args, f"--init_from={'resume' if (out / 'ckpt.pt').exists() else 'scratch'}")
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    proc = fork_training(out, data_dir, *args, f"--init_from={'resume' if (out / 'ckpt.pt').exists() else 'scratch'}")
+    assert proc.wait() == 0, (tmp_path / "killed.log").read_text()
     assert comparable(rows(out)) == comparable(rows(reference))
     assert summary(out)["status"] in COMPLETED and summary(out)["iter"] == max_iters
     assert not [f for f in os.listdir(out) if f.startswith(".tmp-")]  # no half-written files left
