@@ -336,15 +336,25 @@ def sequential_rounds(plan: Plan, tuned: dict, margin: float, unigram: float | N
 PROGRESS_FILE = "progress.md"  # --looks: where the stage stands after its latest look
 
 
-def strongest_floor(data_dir: str, rows) -> tuple[str, float] | None:
-    """The data's strongest n-gram floor (key, nats), scored on the targets the runs of ``rows`` were
-    scored on, with their context (the full-context floors before any run finished)."""
+def strongest_floor(data_dir: str, rows) -> tuple[str, float, bool] | None:
+    """The data's strongest n-gram floor (key, nats, whether scored as the runs): scored on the
+    targets the runs of ``rows`` were scored on, with their context, or (before any run finished)
+    the full-context floor, which the column's header then names (floor_column)."""
     matched = _common.matched_floors(data_dir, rows)
-    return strongest(matched.refs if matched else _common.reference_losses(data_dir))
+    found = strongest(matched.refs if matched else _common.reference_losses(data_dir))
+    return (*found, matched is not None) if found else None
+
+
+def floor_column(floor: tuple[str, float, bool] | None) -> list[str]:
+    """The header of the column of each mean against ``floor`` (strongest_floor's), if there is one."""
+    if not floor:
+        return []
+    key, nats, matched = floor
+    return [f"mean − {label(key)} floor, {'scored as the runs' if matched else 'full context'} ({nats:.4f})"]
 
 
 def write_progress(plan: Plan, runs: dict, rows: dict, losses: dict, paths: dict, margin: float,
-                   continues: bool, floor: tuple[str, float] | None = None) -> None:
+                   continues: bool, floor: tuple[str, float, bool] | None = None) -> None:
     """progress.md after each look of a --looks stage: a campaign of many CPU hours is read, cited
     and stopped between looks, long before report.md exists (written once every comparison is
     decided or the last look is reached). ``runs``: {name: its evaluation runs}; ``rows``: {run
@@ -372,7 +382,7 @@ def write_progress(plan: Plan, runs: dict, rows: dict, losses: dict, paths: dict
 
 
 def progress_table(plan: Plan, rows: dict, losses: dict, paths: dict, margin: float, continues: bool,
-                   floor: tuple[str, float] | None = None) -> str:
+                   floor: tuple[str, float, bool] | None = None) -> str:
     """One row per configuration: its runs so far, their mean, and against the baseline the interval,
     verdict and pairs to decide at its latest look (sequential_cells; *inconclusive so far* while the
     stage ``continues``)."""
@@ -393,8 +403,7 @@ def progress_table(plan: Plan, rows: dict, losses: dict, paths: dict, margin: fl
                       *([floor_interval(losses[name], floor[1])] if floor else []), *cells, failure_rate(rs),
                       on_trained.get(name, "—")])
     return _common.markdown_table(["configuration", "runs", "val loss, mean ± 95% CI",
-                                   *([f"mean − {label(floor[0])} floor, scored as the runs ({floor[1]:.4f})"]
-                                     if floor else []),
+                                   *floor_column(floor),
                                    f"paired Δ vs {base}, CI at the latest look", "verdict", "pairs to decide",
                                    "collapsed or failed, 95% CI", "verdict on the runs that trained"], table)
 
@@ -443,7 +452,7 @@ def write_results(args, plan: Plan, outcome: Outcome, tuned_from: str, started) 
                 + ("" if sensitivities else " Each configuration searched its own grid, so the LR sensitivity "
                    "(which compares configurations over one grid) is left out: see the default tier's."),
                 _common.table_marker("tuned") + tuned_table(plan, outcome, losses, runner_up, margin, sensitivities,
-                                                            strongest(matched.refs if matched else refs)),
+                                                            strongest_floor(args.data_dir, rows.values())),
                 _common.references_section(refs, matched), "![](norm_comparison.png)"]
     if outcome.paths is not None:
         sections.insert(2, looks_section(plan.looks, outcome.paths))
@@ -612,7 +621,7 @@ def sensitivity(grid: list, means: dict, initial: float, trained: bool) -> float
 # ---------------------------------------------------------------- tables
 
 def tuned_table(plan: Plan, outcome: Outcome, losses: dict, runner_up: dict, margin: float,
-                sensitivities: dict, floor: tuple[str, float] | None) -> str:
+                sensitivities: dict, floor: tuple[str, float, bool] | None) -> str:
     """One row per configuration: its tuned LR, its evaluation seeds, where their mean lies against
     the data's strongest n-gram ``floor`` (key, nats: the regime its verdict is about), and its
     verdict against the baseline, drawn over the table; for an inconclusive one the pairs that would
@@ -624,7 +633,7 @@ def tuned_table(plan: Plan, outcome: Outcome, losses: dict, runner_up: dict, mar
     stable = leave_one_seed_out(losses, base, margin)
     again = runner_up_verdicts(losses, base, runner_up, margin)
     header = ["configuration", "parameters", "tuned LR", "runner-up LR", "LR sensitivity", "runs",
-              "val loss, mean ± 95% CI", *([f"mean − {label(floor[0])} floor, scored as the runs ({floor[1]:.4f})"] if floor else []),
+              "val loss, mean ± 95% CI", *floor_column(floor),
               f"paired Δ vs {base}, 95% CI", "Holm-step CI" if outcome.paths is None else "CI at the deciding look", "verdict", "pairs to decide", "leave-one-seed-out",
               f"robust at runner-up LR ({base}'s / own)", "collapsed or failed, 95% CI",
               "verdict on the runs that trained", "train time / run (s)"]

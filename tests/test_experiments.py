@@ -581,7 +581,7 @@ def test_exp2_table_draws_each_verdict_and_its_robustness_to_either_sides_runner
     assert f"| yes / no: {own.call()} ({own.delta()}) |" in both and own.call() != "better"
     # with the data's strongest floor, each row says where its mean lies against it (the regime)
     floored = exp2.tuned_table(plan, outcome, values, {"base": [2.11, 2.19, 2.16]}, 0.01, {"base": 0.1, "var": 0.25},
-                               ("kn8", 2.05))
+                               ("kn8", 2.05, True))
     header, *_, var = [line.split(" | ") for line in floored.splitlines()[:1] + floored.splitlines()[2:]]
     assert header[7] == "mean − KN 8-gram floor, scored as the runs (2.0500)" and var[8] == expected.delta()
     assert var[7] == floor_interval(values["var"], 2.05) == f"{sum(values['var']) / 3 - 2.05:+.3f} (at)"
@@ -1425,11 +1425,14 @@ def test_exp2_looks_train_seeds_in_rounds_only_for_the_comparisons_still_open(mo
                         {n: losses[n][:5] for n in ("base", "clear")}, decided, 0.01, continues=False)
     assert "after look 1 of 6" in progress.read_text() and "It has ended" in progress.read_text()
     exp2.write_progress(plan, runs, {r.name: {"status": "finished", "val_loss_full": loss(r)} for rs in runs.values()
-                                     for r in rs}, losses, paths, 0.01, continues=False, floor=("mkn9", 2.1))
+                                     for r in rs}, losses, paths, 0.01, continues=False, floor=("mkn9", 2.1, True))
     from babygpt.ngram import label
     from babygpt.verdicts import floor_interval
     where = progress_rows(progress.read_text())["base"][f"mean − {label('mkn9')} floor, scored as the runs (2.1000)"]
     assert where == floor_interval(losses["base"], 2.1) and where.endswith("(below)")
+    exp2.write_progress(plan, runs, {r.name: {"status": "finished", "val_loss_full": loss(r)} for rs in runs.values()
+                                     for r in rs}, losses, paths, 0.01, continues=False, floor=("mkn9", 2.2, False))
+    assert f"mean − {label('mkn9')} floor, full context (2.2000)" in progress_rows(progress.read_text())["base"]
     exp2.write_progress(plan, runs, {r.name: {"status": "finished", "val_loss_full": loss(r)} for rs in runs.values()
                                      for r in rs}, losses, paths, 0.01, continues=False)
     assert "after look 6 of 6" in last and "It has ended" in last and "look 6: 30 pairs" in last
