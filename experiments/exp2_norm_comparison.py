@@ -680,21 +680,26 @@ def percent(rate: float) -> str:
 
 def trained_verdicts(plan: Plan, rows: dict, margin: float) -> dict:
     """{name: its verdict against the baseline over the pairs where both runs finished}, drawn as the
-    table's own (Holm over the table, sequential over the looks with --looks), where some run did not
-    finish; "— (every run trained)" where none failed. ``rows``: {name: its evaluation runs' rows}."""
-    if all(r["status"] == "finished" for rs in rows.values() for r in rs):
-        return {name: "— (every run trained)" for name in rows if name != plan.baseline}
+    table's own (Holm over the table, sequential over the looks with --looks); "— (every run
+    trained)" for a configuration whose runs and the baseline's all finished, where that verdict is
+    the table's own. ``rows``: {name: its evaluation runs' rows}."""
+    base = plan.baseline
+    failed = {name for name, rs in rows.items() if any(r["status"] != "finished" for r in rs)}
+    same = "— (every run trained)"
+    if not failed:
+        return {name: same for name in rows if name != base}
     losses = {name: [reported_loss(r) if r["status"] == "finished" else math.inf for r in rs]
               for name, rs in rows.items()}
-    base = plan.baseline
     if not plan.looks:
-        return {name: f"{c.call()} ({c.pairs} pairs)" for name, c in compare_table(losses, base, margin).items()}
-    paths = sequential_verdicts({name: pairs_of(losses[name], losses[base]) for name in losses if name != base},
-                                plan.looks, margin)
-    return {name: (f"{'equivalent within ±%.3f' % margin if path[-1].verdict == 'equivalent' else path[-1].verdict}"
-                   f" ({path[-1].pairs} pairs)" if path and path[-1].verdict else
-                   f"inconclusive ({path[-1].pairs if path else len(pairs_of(losses[name], losses[base]))} pairs)")
-            for name, path in paths.items()}
+        drawn = {name: f"{c.call()} ({c.pairs} pairs)" for name, c in compare_table(losses, base, margin).items()}
+    else:
+        paths = sequential_verdicts({name: pairs_of(losses[name], losses[base]) for name in losses if name != base},
+                                    plan.looks, margin)
+        drawn = {name: (f"{'equivalent within ±%.3f' % margin if path[-1].verdict == 'equivalent' else path[-1].verdict}"
+                        f" ({path[-1].pairs} pairs)" if path and path[-1].verdict else
+                        f"inconclusive ({path[-1].pairs if path else len(pairs_of(losses[name], losses[base]))} pairs)")
+                 for name, path in paths.items()}
+    return {name: drawn[name] if name in failed or base in failed else same for name in drawn}
 
 
 def runner_up_verdicts(losses: dict, base: str, runner_up: dict, margin: float) -> dict:

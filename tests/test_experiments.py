@@ -1485,6 +1485,14 @@ def test_exp2_table_gives_each_configurations_collapse_rate_and_its_verdict_on_t
     assert sequential_verdicts({"var": [-0.10, -0.11, -0.09, -0.11]}, looks, 0.01) == {"var": []}
     assert row["verdict on the runs that trained"] == "inconclusive (4 pairs)"
     assert row["verdict"] == "inconclusive so far (look 1, 5 pairs)"
+    # beside it, a configuration whose runs all trained reads its own verdict, not the collapsed one's
+    three = exp2.Plan("default", "out", {**configs, "calm": "calm.py"}, "base", [1e-3, 3e-3], [0, 1],
+                      list(range(2, 12)), looks=looks)
+    calm_rows = [{"status": "finished", "val_loss_full": v} for v in (2.0, 2.1, 2.05, 2.02, 2.08)]
+    trained = exp2.trained_verdicts(three, {**by_name, "calm": calm_rows}, 0.01)
+    assert trained == {"var": "inconclusive (4 pairs)", "calm": "— (every run trained)"}
+    collapsed_base = {**by_name, "base": [{**by_name["base"][0], "status": "collapsed"}, *by_name["base"][1:]]}
+    assert exp2.trained_verdicts(plan, collapsed_base, 0.01)["var"] == "inconclusive (3 pairs)"
 
 
 @pytest.mark.parametrize("argv, fragment", [
