@@ -681,8 +681,8 @@ def percent(rate: float) -> str:
 def trained_verdicts(plan: Plan, rows: dict, margin: float) -> dict:
     """{name: its verdict against the baseline over the pairs where both runs finished}, drawn as the
     table's own (Holm over the table, sequential over the looks with --looks); "— (every run
-    trained)" for a configuration whose runs and the baseline's all finished, where that verdict is
-    the table's own. ``rows``: {name: its evaluation runs' rows}."""
+    trained)" for a configuration whose runs and the baseline's all finished: its verdict column is
+    already over runs that trained. ``rows``: {name: its evaluation runs' rows}."""
     base = plan.baseline
     failed = {name for name, rs in rows.items() if any(r["status"] != "finished" for r in rs)}
     same = "— (every run trained)"
