@@ -341,7 +341,12 @@ def strongest_floor(data_dir: str, rows) -> tuple[str, float, bool] | None:
     targets the runs of ``rows`` were scored on, with their context, or (before any run finished)
     the full-context floor, which the column's header then names (floor_column)."""
     matched = _common.matched_floors(data_dir, rows)
-    found = strongest(matched.refs if matched else _common.reference_losses(data_dir))
+    return floor_from(matched, None if matched else _common.reference_losses(data_dir))
+
+
+def floor_from(matched, refs: dict | None) -> tuple[str, float, bool] | None:
+    """strongest_floor's answer from the matched floors (None: no run finished) or else ``refs``."""
+    found = strongest(matched.refs if matched else refs)
     return (*found, matched is not None) if found else None
 
 
@@ -452,7 +457,7 @@ def write_results(args, plan: Plan, outcome: Outcome, tuned_from: str, started) 
                 + ("" if sensitivities else " Each configuration searched its own grid, so the LR sensitivity "
                    "(which compares configurations over one grid) is left out: see the default tier's."),
                 _common.table_marker("tuned") + tuned_table(plan, outcome, losses, runner_up, margin, sensitivities,
-                                                            strongest_floor(args.data_dir, rows.values())),
+                                                            floor_from(matched, refs)),
                 _common.references_section(refs, matched), "![](norm_comparison.png)"]
     if outcome.paths is not None:
         sections.insert(2, looks_section(plan.looks, outcome.paths))
