@@ -120,6 +120,28 @@ def split_sentence(tuning: str, reported: str) -> str:
     return f"LRs were tuned {tuned}; losses are reported on {shown}."
 
 
+# The parts of the validation split a run records, in the words a table uses: the test part is what
+# verdicts are drawn on; the other two say whether a difference there holds on other text.
+SPLIT_PARTS = {"test_loss": "test part (the verdicts')", "tune_loss": "tuning part", "val_loss_full": "whole split (non-overlapping windows)"}
+
+
+def part_differences(rows: list[dict], baseline: list[dict]) -> dict[str, list[float]]:
+    """{key of SPLIT_PARTS: the paired differences rows[i] - baseline[i] on that part}, over the seeds
+    where both runs finished and recorded every part. A collapsed run is left out: it sits near the
+    unigram loss on every part, which would swamp the differences between parts."""
+    both = [(a, b) for a, b in zip(rows, baseline) if a["status"] == b["status"] == "finished"
+            and all(recorded(r, key) is not None for r in (a, b) for key in SPLIT_PARTS)]
+    return {key: [recorded(a, key) - recorded(b, key) for a, b in both] for key in SPLIT_PARTS}
+
+
+def difference_interval(diffs: list[float]) -> str:
+    """A mean paired difference, signed, ± the half-width of its 95% t-interval ("—" if none)."""
+    if not diffs:
+        return "—"
+    mean, half = mean_ci(diffs)
+    return f"{mean:+.3f} ± {half:.3f}" if math.isfinite(half) else f"{mean:+.3f}"
+
+
 def outcome_counts(rows: list[dict]) -> str:
     """e.g. "2 finished, 1 collapsed"."""
     counts = {s: sum(r["status"] == s for r in rows) for s in OUTCOMES}

@@ -67,7 +67,7 @@ from _common import (EXP2_BUDGET, TUNED_FILE, config_path, floats, initial_loss,
 
 from babygpt.verdicts import ALPHA, EQUIVALENCE_MARGIN, MIN_PAIRS_FOR_VERDICT, compare_table, count_cell, \
     floor_interval, leave_one_seed_out, loss_split, mean_interval, outcome_counts, pairs_of, reported_loss, \
-    split_sentence, tuning_loss, verdict_loss
+    SPLIT_PARTS, difference_interval, part_differences, split_sentence, tuning_loss, verdict_loss
 from babygpt.errors import BabyGPTError
 from babygpt.files import write_atomic
 from babygpt.ngram import label, strongest
@@ -371,16 +371,19 @@ def write_progress(plan: Plan, runs: dict, rows: dict, losses: dict, paths: dict
              f"report.md follows when every comparison is decided or the last look is reached."
              if continues else "It has ended: report.md holds the results.")
     seeds = sorted({r.seed for rs in runs.values() for r in rs})
+    evaluated = {name: [rows[r.name] for r in rs] for name, rs in runs.items()}
+    flat = [row for rs in evaluated.values() for row in rs]
+    parts = parts_section(plan, evaluated)
     body = (f"Experiment 2's group-sequential stage after look {looked} of {len(plan.looks)} (looks at "
             f"{', '.join(map(str, plan.looks))} pairs), evaluation seeds {', '.join(map(str, seeds))} so far. "
             f"{state} The verdict so far is the sequential verdict at its latest look: *inconclusive so far* while "
             f"a comparison is open; *pairs to decide* is what a fixed design at the last look's level would need at "
             f"the paired SD seen so far: to show equivalence within ±{margin:g} were the true difference 0 (TOST), "
-            f"or to show the difference seen so far.\n\n"
+            f"or to show the difference seen so far. "
+            f"{split_sentence(loss_split(rows[r.name] for r in plan.tuning_runs), loss_split(flat))}\n\n"
             + _common.table_marker("progress")
-            + progress_table(plan, {name: [rows[r.name] for r in rs] for name, rs in runs.items()}, losses, paths, margin,
-                             continues, floor)
-            + "\n\n" + looks_section(plan.looks, paths))
+            + progress_table(plan, evaluated, losses, paths, margin, continues, floor)
+            + "\n\n" + looks_section(plan.looks, paths) + (f"\n\n{parts}" if parts else ""))
     text = (f"# Normalization configurations compared: the sequential stage so far\n\n"
             f"{_common.made_by(_common.command_line())}\n\n{body}\n")
     write_atomic(os.path.join(plan.out, PROGRESS_FILE), text.encode("utf-8"))
@@ -411,6 +414,26 @@ def progress_table(plan: Plan, rows: dict, losses: dict, paths: dict, margin: fl
                                    *floor_column(floor),
                                    f"paired Δ vs {base}, CI at the latest look", "verdict", "pairs to decide",
                                    "collapsed or failed, 95% CI", "verdict on the runs that trained"], table)
+
+
+def parts_section(plan: Plan, rows: dict) -> str:
+    """Each comparison's paired differences on every part of the validation split (part_differences:
+    the pairs where both runs trained): whether a difference on the test part, which the verdicts
+    are drawn on, is there on the other text too. A description, with no verdict of its own; empty
+    for runs from before the test split. ``rows``: {name: its evaluation runs' rows, by seed}."""
+    if loss_split(row for rs in rows.values() for row in rs) != "test":
+        return ""
+    table = []
+    for name in plan.configs:
+        if name != plan.baseline:
+            parts = part_differences(rows[name], rows[plan.baseline])
+            table.append([name, len(parts["test_loss"]), *map(difference_interval, parts.values())])
+    return ("The same pairs on each part of the validation split (the pairs where both runs trained; paired Δ "
+            f"against {plan.baseline}, mean ± 95% t-interval, not adjusted for the looks or the table: a description "
+            "beside the verdicts, not one; LRs were chosen on the tuning part, with the tuning seeds):\n\n"
+            + _common.table_marker("parts")
+            + _common.markdown_table(["comparison", "pairs", *(f"Δ on the {part}" for part in SPLIT_PARTS.values())],
+                                     table))
 
 
 def train_round(plan: Plan, wanted: dict) -> dict:
@@ -459,6 +482,9 @@ def write_results(args, plan: Plan, outcome: Outcome, tuned_from: str, started) 
                 _common.table_marker("tuned") + tuned_table(plan, outcome, losses, runner_up, margin, sensitivities,
                                                             floor_from(matched, refs)),
                 _common.references_section(refs, matched), "![](norm_comparison.png)"]
+    parts = parts_section(plan, {name: [rows[r.name] for r in rs] for name, rs in outcome.seed_runs.items()})
+    if parts:
+        sections.insert(2, parts)
     if outcome.paths is not None:
         sections.insert(2, looks_section(plan.looks, outcome.paths))
     plot_lr_curves(outcome.means, refs, initial, os.path.join(plan.out, "lr_sensitivity.png"))

@@ -686,7 +686,7 @@ def assert_collect_rewrites_the_same_tables(tmp_path, report, *args):
         assert cli.run(exp2.main, ["--quick", "--out=res", *args, "--collect"]) == 0
     assert {p: p.stat().st_mtime_ns for p in (res / "runs").rglob("*") if p.is_file()} == kept  # nothing trained
     again = (res / "report.md").read_text()
-    for key in ("tuned", "lr_grid", "references"):
+    for key in ("tuned", "lr_grid", "references", "parts"):
         one, collected = report_rows(report, key), report_rows(again, key)
         keep = [i for i, name in enumerate(one[0]) if "time" not in name]
         assert [[row[i] for i in keep] for row in collected] == [[row[i] for i in keep] for row in one], key
@@ -743,6 +743,10 @@ def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr
     assert references == ["KN, full context", "modified KN, full context", "KN, as the runs: `sliding16s8`",
                           "modified KN, as the runs: `sliding16s8`"]
     assert "losses are reported on its second half (the test part, which no LR was chosen on)" in report
+    # beside the verdicts, the same pairs on each part of the split; on the test part, the table's own Δ
+    parts = {row[0]: row for row in report_rows(report, "parts")[1:]}
+    assert list(parts) == ["postnorm_ln"] and all(re.fullmatch(r"[+-]\d\.\d{3} ± \d\.\d{3}", c) for c in parts["postnorm_ln"][2:])
+    assert parts["postnorm_ln"][1] == "2" and parts["postnorm_ln"][2] == table["postnorm_ln"][8]  # both trained
     assert_collect_rewrites_the_same_tables(tmp_path, report, f"--data_dir={data_dir}", configs)
 
     full = run_experiment("exp2_norm_comparison", "--full", "--out=full", "--tuned_from=res",
@@ -1440,6 +1444,20 @@ def test_exp2_looks_train_seeds_in_rounds_only_for_the_comparisons_still_open(mo
     assert final["null"]["verdict"] == verdict and final["null"]["runs"] == "30 finished"
     assert final["clear"]["collapsed or failed, 95% CI"] == "0 of 5 (0%–52%)"
     assert final["null"]["verdict on the runs that trained"] == "— (every run trained)"
+    # the sentence on the split's parts, and (only for runs that recorded both halves) each comparison's
+    # pairs on every part: here the tuning part's difference for clear is 0.02 lower than the test part's
+    assert "these runs predate the test split" in last and "table: parts" not in last
+    from babygpt.verdicts import difference_interval, split_sentence
+    halves = {r.name: {"status": "finished", "val_loss_full": loss(r), "test_loss": loss(r) + 0.1,
+                       "tune_loss": loss(r) - 0.1 - 0.02 * (r.config == "clear.py")} for rs in runs.values() for r in rs}
+    exp2.write_progress(plan, runs, halves, losses, paths, 0.01, continues=False)
+    assert split_sentence("validation", "test") in progress.read_text()
+    (tmp_path / "look.md").write_text(progress.read_text())
+    parts = table_rows(report_table(str(tmp_path / "look.md"), "parts"))
+    assert parts["clear"]["pairs"] == "5" and parts["null"]["pairs"] == "30" and "base" not in parts
+    assert parts["clear"]["Δ on the test part (the verdicts')"] == difference_interval(diffs[:5])
+    assert parts["clear"]["Δ on the tuning part"] == difference_interval([d - 0.02 for d in diffs[:5]])
+    assert parts["null"]["Δ on the whole split (non-overlapping windows)"] == difference_interval(null_diffs)
 
 
 def test_exp2_table_gives_each_configurations_collapse_rate_and_its_verdict_on_the_runs_that_trained(monkeypatch):

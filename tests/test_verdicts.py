@@ -10,9 +10,11 @@ import statistics
 
 import numpy as np
 import pytest
+import torch
 
-from babygpt.verdicts import (EQUIVALENCE_MARGIN, compare_table, count_cell, leave_one_seed_out, loss_split,
-                             reported_loss, run_loss, split_sentence, tuning_loss, verdict_loss)
+from babygpt.verdicts import (EQUIVALENCE_MARGIN, SPLIT_PARTS, compare_table, count_cell, difference_interval,
+                             leave_one_seed_out, loss_split, part_differences, reported_loss, run_loss, split_sentence,
+                             tuning_loss, verdict_loss)
 from babygpt.errors import BabyGPTError
 from babygpt.stats import (MAX_PAIRS, PairedTest, pairs_for_difference, pairs_for_equivalence,
                            t_ppf)
@@ -40,6 +42,22 @@ def test_tuning_and_reporting_use_the_two_halves_of_the_split_where_a_run_record
                                                           "validation split (these runs predate the test split).")
     assert "first half" in split_sentence("test", "test") and "no LR was chosen on" in split_sentence("test", "test")
     assert "which that tuning saw too" in split_sentence("validation", "test")
+
+
+def test_part_differences_pair_the_runs_that_trained_on_every_part_of_the_split():
+    def row(status, tune, test, whole):
+        return {"status": status, "tune_loss": tune, "test_loss": test, "val_loss_full": whole}
+    base = [row("finished", 2.0, 2.2, 2.1), row("finished", 2.1, 2.3, 2.2), row("finished", 2.0, 2.1, 2.05),
+            row("finished", 2.2, 2.4, 2.3)]
+    other = [row("finished", 2.0, 2.1, 2.05), row("collapsed", 3.3, 3.3, 3.3), row("finished", 2.05, 2.0, 2.02),
+             {"status": "finished", "val_loss_full": 2.3}]  # the last predates the split: no pair
+    parts = part_differences(other, base)
+    assert list(parts) == list(SPLIT_PARTS) == ["test_loss", "tune_loss", "val_loss_full"]
+    for key, want in (("test_loss", [-0.1, -0.1]), ("tune_loss", [0.0, 0.05]), ("val_loss_full", [-0.05, -0.03])):
+        torch.testing.assert_close(parts[key], want)
+    assert difference_interval([]) == "—" and difference_interval([0.0123]) == "+0.012"
+    mean, half = statistics.fmean(parts["val_loss_full"]), 12.7062 * statistics.stdev(parts["val_loss_full"]) / 2 ** 0.5
+    assert difference_interval(parts["val_loss_full"]) == f"{mean:+.3f} ± {half:.3f}" == "-0.040 ± 0.127"
 
 
 def test_a_diverged_run_counts_at_the_unigram_loss_and_keeps_its_pair():
