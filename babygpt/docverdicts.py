@@ -12,7 +12,8 @@ reads each of them against the table:
 The body is one or more tables (``REPORT#KEY``, as a generated block names them), each followed by
 ``configuration=verdict`` pairs (better, worse, equivalent, inconclusive, or baseline for the row
 the table compares with) and, where the sentence names an LR, ``configuration:tuned=LR`` or
-``configuration:runner_up=LR``; or ``none:`` and why the sentence is no verdict of this project's
+``configuration:runner_up=LR``, and for a verdict drawn again over the runs that trained,
+``configuration:trained=verdict``; or ``none:`` and why the sentence is no verdict of this project's
 tables (a quoted paper, an earlier protocol's reading). A marker covers the sentence it follows, or
 on a line of its own the block above it, as a source marker does.
 
@@ -36,7 +37,11 @@ from .errors import BabyGPTError
 TableReader = Callable[[str, str], str]
 
 VERDICTS = ("better", "worse", "equivalent", "inconclusive", "baseline")
+# the columns a marker may name beside a verdict: an LR, or the verdict drawn again over the runs that
+# trained (a verdict word, read as the cell's first word: "inconclusive (4 pairs)")
 LR_COLUMNS = {"tuned": "tuned LR", "runner_up": "runner-up LR"}
+VERDICT_COLUMNS = {"trained": "verdict on the runs that trained"}
+COLUMNS = {**LR_COLUMNS, **VERDICT_COLUMNS}
 MARKER = re.compile(r"<!--\s*verdict:\s*(?P<body>.*?)\s*-->", re.DOTALL)
 WORD = r"(?:better|worse|equivalent|inconclusive)"
 LINKING = r"(?:is|are|was|were|stays?|remains?|ends?|comes? out|becomes?)"
@@ -74,10 +79,10 @@ def parse_marker(body: str) -> tuple[list[Claim], str | None]:
             return [], (f"cannot read '{word}' in a verdict marker: write REPORT#TABLE then name=verdict "
                         f"or name:tuned=LR pairs, or 'none: why'")
         column, value = pair.group("column"), pair.group("value")
-        if column is None and value not in VERDICTS:
+        if column is not None and column not in COLUMNS:
+            return [], f"'{column}' is no column a verdict marker checks; use one of {', '.join(COLUMNS)}"
+        if column not in LR_COLUMNS and value not in VERDICTS:
             return [], f"'{value}' is no verdict; use one of {', '.join(VERDICTS)}"
-        if column is not None and column not in LR_COLUMNS:
-            return [], f"'{column}' is no column a verdict marker checks; use one of {', '.join(LR_COLUMNS)}"
         claims.append(Claim(*table, pair.group("name"), column, value))
     return (claims, None) if claims else ([], "an empty verdict marker; name a table and its verdicts")
 
@@ -123,10 +128,16 @@ def claim_problem(claim: Claim, read: TableReader, tables: dict) -> str | None:
     row = rows.get(claim.name)
     if row is None:
         return f"{where} has no row '{claim.name}' (its rows: {', '.join(rows)})"
-    if claim.column is not None:
+    if claim.column in LR_COLUMNS:
         cell = row.get(LR_COLUMNS[claim.column], "")
         return None if same_lr(cell, claim.value) else \
             f"{claim.name}'s {LR_COLUMNS[claim.column]} is {cell} in {where}, not {claim.value}"
+    if claim.column in VERDICT_COLUMNS:
+        header = VERDICT_COLUMNS[claim.column]
+        if header not in row:
+            return f"{where} has no column '{header}'"
+        found = (row[header].split() or [""])[0]
+        return None if found == claim.value else f"{claim.name}'s {header} is '{row[header]}' in {where}, not {claim.value}"
     found = table_verdict(row)
     if found is None:
         return f"{where} has no verdict column"

@@ -74,6 +74,26 @@ def test_a_wrong_tuned_lr_is_named():
     assert found == [f"doc.md:1: prenorm_rms's tuned LR is 0.0055 in {REPORT}#tuned, not 1e-2"]
 
 
+def test_a_verdict_over_the_runs_that_trained_is_read_from_its_own_column():
+    table = ("| configuration | verdict | verdict on the runs that trained |\n|---|---|---|\n"
+             "| prenorm_rms | — | — |\n| postnorm_ln | inconclusive | better (4 pairs) |\n"
+             "| prenorm_ln | inconclusive | — (every run trained) |\n")
+    def check(text):
+        return verdict_problems(text, lambda report, key: table, "doc.md")
+    assert check(f"Post-LN is inconclusive, and better where it trained. <!-- verdict: {REPORT}#tuned "
+                 f"postnorm_ln=inconclusive postnorm_ln:trained=better -->\n") == []
+    assert check(f"Post-LN is inconclusive on the runs that trained. <!-- verdict: {REPORT}#tuned "
+                 f"postnorm_ln:trained=inconclusive -->\n") == [
+        f"doc.md:1: postnorm_ln's verdict on the runs that trained is 'better (4 pairs)' in {REPORT}#tuned, "
+        f"not inconclusive"]
+    assert "is '— (every run trained)'" in check(f"LayerNorm is inconclusive where it trained. <!-- verdict: "
+                                                 f"{REPORT}#tuned prenorm_ln:trained=inconclusive -->\n")[0]
+    assert "'great' is no verdict" in check(f"Post-LN is better. <!-- verdict: {REPORT}#tuned "
+                                            f"postnorm_ln:trained=great -->\n")[0]
+    assert problems(f"Peri-LN is better. <!-- verdict: {REPORT}#tuned periln_rms:trained=better -->\n") == [
+        f"doc.md:1: {REPORT}#tuned has no column 'verdict on the runs that trained'"]
+
+
 def test_a_marker_on_its_own_line_covers_the_block_above():
     text = ("- **No norm is worse**,\n- **Peri-LN is better**.\n"
             f"<!-- verdict: {REPORT}#tuned prenorm_none=worse periln_rms=better -->\n")
