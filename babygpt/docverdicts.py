@@ -137,7 +137,8 @@ def claim_problem(claim: Claim, read: TableReader, tables: dict) -> str | None:
         if header not in row:
             return f"{where} has no column '{header}'"
         found = (row[header].split() or [""])[0]
-        return None if found == claim.value else f"{claim.name}'s {header} is '{row[header]}' in {where}, not {claim.value}"
+        return None if found == claim.value else \
+            f"{claim.name}'s {header} is '{row[header]}' in {where}, not {claim.value}"
     found = table_verdict(row)
     if found is None:
         return f"{where} has no verdict column"

@@ -402,7 +402,7 @@ class SweepGrid:
     set: list[str] = option([], "KEY=VALUE fixed for every run (repeatable)")
     seeds: str = option("0", "comma-separated seeds", metavar="SEED,...")
     jobs: int = option(1, "runs in parallel")
-    out: str = option("results/sweep", "sweep directory")
+    out: str = option("out/sweep", "sweep directory (out/ is git-ignored: a sweep to commit names a results/ one)")
 
     def axes(self) -> dict[str, list]:
         """{key: [values]} of the --grid options (well-formed: see problems)."""

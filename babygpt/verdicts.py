@@ -122,7 +122,8 @@ def split_sentence(tuning: str, reported: str) -> str:
 
 # The parts of the validation split a run records, in the words a table uses: the test part is what
 # verdicts are drawn on; the other two say whether a difference there holds on other text.
-SPLIT_PARTS = {"test_loss": "test part (the verdicts')", "tune_loss": "tuning part", "val_loss_full": "whole split (non-overlapping windows)"}
+SPLIT_PARTS = {"test_loss": "test part (the verdicts')", "tune_loss": "tuning part",
+               "val_loss_full": "whole split (non-overlapping windows)"}
 
 
 def part_differences(rows: list[dict], baseline: list[dict]) -> dict[str, list[float]]:

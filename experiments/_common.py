@@ -75,7 +75,7 @@ class TrainingOptions(ScaleOutOptions, DataOptions):
     machines, or collected, like any sweep: babygpt.scaleout)."""
 
     full: bool = option(False, "the long tier: train.py's own budget (2,400 iterations) for the configurations "
-                               "that matter (writes to results/full/)")
+                               "that matter (writes to out/full/, or results/full/ with --publish)")
     jobs: int = option(1, "training runs in parallel")
     set: list[str] = option([], "override a training key for every run, e.g. --set max_iters=1000 (repeatable)",
                             metavar="KEY=VALUE")
