@@ -76,8 +76,8 @@ def parse_marker(body: str) -> tuple[list[Claim], str | None]:
             continue
         pair = PAIR.match(word)
         if not pair or table is None:
-            return [], (f"cannot read '{word}' in a verdict marker: write REPORT#TABLE then name=verdict "
-                        f"or name:tuned=LR pairs, or 'none: why'")
+            return [], (f"cannot read '{word}' in a verdict marker: write REPORT#TABLE then name=verdict, "
+                        f"name:tuned=LR or name:trained=verdict pairs, or 'none: why'")
         column, value = pair.group("column"), pair.group("value")
         if column is not None and column not in COLUMNS:
             return [], f"'{column}' is no column a verdict marker checks; use one of {', '.join(COLUMNS)}"

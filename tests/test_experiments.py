@@ -746,7 +746,8 @@ def test_exp2_tunes_on_two_seeds_then_evaluates_each_configuration_at_its_own_lr
     # beside the verdicts, the same pairs on each part of the split; on the test part, the table's own Δ
     parts = {row[0]: row for row in report_rows(report, "parts")[1:]}
     assert list(parts) == ["postnorm_ln"] and all(re.fullmatch(r"[+-]\d\.\d{3} ± \d\.\d{3}", c) for c in parts["postnorm_ln"][2:])
-    assert parts["postnorm_ln"][1] == "2" and parts["postnorm_ln"][2] == table["postnorm_ln"][8]  # both trained
+    assert table["prenorm_rms"][5] == table["postnorm_ln"][5] == "2 finished"  # every pair trained, so
+    assert parts["postnorm_ln"][1] == "2" and parts["postnorm_ln"][2] == table["postnorm_ln"][8]  # the same Δ
     assert_collect_rewrites_the_same_tables(tmp_path, report, f"--data_dir={data_dir}", configs)
 
     full = run_experiment("exp2_norm_comparison", "--full", "--out=full", "--tuned_from=res",
@@ -1450,8 +1451,11 @@ def test_exp2_looks_train_seeds_in_rounds_only_for_the_comparisons_still_open(mo
     from babygpt.verdicts import difference_interval, split_sentence
     halves = {r.name: {"status": "finished", "val_loss_full": loss(r), "test_loss": loss(r) + 0.1,
                        "tune_loss": loss(r) - 0.1 - 0.02 * (r.config == "clear.py")} for rs in runs.values() for r in rs}
+    tuned_on = plan.run("base", 1e-3, 0)  # a tuning run of this code: it recorded both halves too
+    plan.tuning_runs = [tuned_on]
+    halves[tuned_on.name] = {"status": "finished", "val_loss_full": 2.0, "tune_loss": 1.9, "test_loss": 2.1}
     exp2.write_progress(plan, runs, halves, losses, paths, 0.01, continues=False)
-    assert split_sentence("validation", "test") in progress.read_text()
+    assert split_sentence("test", "test") in progress.read_text()
     (tmp_path / "look.md").write_text(progress.read_text())
     parts = table_rows(report_table(str(tmp_path / "look.md"), "parts"))
     assert parts["clear"]["pairs"] == "5" and parts["null"]["pairs"] == "30" and "base" not in parts
