@@ -312,9 +312,12 @@ def sequential_rounds(plan: Plan, tuned: dict, margin: float, unigram: float | N
     seeds; after each round the table is looked at (sequential.sequential_verdicts) and the next
     look's seeds run for the comparisons still open and the baseline. Returns ({name: its evaluation
     runs}, {name: its path of looks}). A shard waits for the others at each round, whose verdicts
-    decide what the next one trains."""
+    decide what the next one trains. Under --collect, which refuses a stage whose next look has runs
+    missing, progress.md is written only once every look it needs is there: nothing on disk changes
+    before that refusal."""
     base = plan.baseline
     counts = dict.fromkeys(plan.configs, plan.looks[0])
+    collect = getattr(plan.args, "collect", False)
     while True:
         runs = plan.seed_runs(tuned, counts)
         rows = _common.finished_rows(plan.sweep(plan.tuning_runs + [r for rs in runs.values() for r in rs]),
@@ -324,11 +327,15 @@ def sequential_rounds(plan: Plan, tuned: dict, margin: float, unigram: float | N
                                      if name != base}, plan.looks, margin)
         done = min((len(path) for path in paths.values()), default=len(plan.looks))
         still_open = [name for name, path in paths.items() if path and path[-1].verdict is None]
-        write_progress(plan, runs, rows, losses, paths, margin, continues=bool(still_open) and done < len(plan.looks),
-                       floor=floor_of([rows[r.name] for rs in runs.values() for r in rs]))
+        progress = (plan, runs, rows, losses, paths, margin, bool(still_open) and done < len(plan.looks),
+                    floor_of([rows[r.name] for rs in runs.values() for r in rs]))
+        if not collect:
+            write_progress(*progress)
         wanted = {**counts, **({name: plan.looks[done] for name in [*still_open, base]}
                                if still_open and done < len(plan.looks) else {})}
         if wanted == counts:  # decided, at the last look, or (pairs lost to a run without a loss) stuck
+            if collect:
+                write_progress(*progress)
             return runs, paths
         counts = wanted
 

@@ -1438,6 +1438,23 @@ def test_exp2_looks_train_seeds_in_rounds_only_for_the_comparisons_still_open(mo
     exp2.write_progress(plan, runs, {r.name: {"status": "finished", "val_loss_full": loss(r)} for rs in runs.values()
                                      for r in rs}, losses, paths, 0.01, continues=False, floor=("mkn9", 2.2, False))
     assert f"mean − {label('mkn9')} floor, full context (2.2000)" in progress_rows(progress.read_text())["base"]
+    # --collect on a stage whose next look has runs missing refuses before writing progress.md; on a
+    # stage whose runs are all there it writes the last look's, as the training did
+    progress.unlink()
+    plan.args = types.SimpleNamespace(collect=True)
+
+    def stored(runs, last=True, have=None):
+        if have is not None and len(runs) > have:
+            raise BabyGPTError("runs missing")
+        return {r.name: {"status": "finished", "val_loss_full": loss(r)} for r in runs}
+
+    monkeypatch.setattr(exp2._common, "finished_rows", lambda runs, last=True: stored(runs, last, have=15))
+    with pytest.raises(BabyGPTError, match="runs missing"):
+        exp2.sequential_rounds(plan, {"base": 1e-3, "clear": 3e-3, "null": 1e-3}, 0.01, 3.35)
+    assert not progress.exists()
+    monkeypatch.setattr(exp2._common, "finished_rows", stored)
+    assert exp2.sequential_rounds(plan, {"base": 1e-3, "clear": 3e-3, "null": 1e-3}, 0.01, 3.35)[1] == paths
+    assert progress.read_text() == last
     exp2.write_progress(plan, runs, {r.name: {"status": "finished", "val_loss_full": loss(r)} for rs in runs.values()
                                      for r in rs}, losses, paths, 0.01, continues=False)
     assert "after look 6 of 6" in last and "It has ended" in last and "look 6: 30 pairs" in last
