@@ -102,15 +102,16 @@ def verdict_change(verdicts: list[str]) -> str:
 
 
 def transfer(reference: str | None, other: str | None) -> str:
-    """How a verdict on the reference table moves to another table: "holds" (the same word),
-    "reversed" (better on one, worse on the other), "appears" (inconclusive on the reference, decided
+    """How a verdict on the reference table moves to another table: "holds" (the same decided verdict),
+    "undecided on both" (inconclusive on both: nothing that could hold), "baseline" (the tables'
+    baseline), "reversed" (better on one, worse on the other), "appears" (inconclusive on the reference, decided
     on the other), "lost" (decided on the reference, inconclusive on the other), "changed" (another
     decided verdict: equivalent against better or worse), or "not run" where either table lacks it."""
     if reference is None or other is None:
         return "not run"
     was, now = verdict_word(reference), verdict_word(other)
     if was == now:
-        return "holds"
+        return {"inconclusive": "undecided on both", "baseline": "baseline"}.get(was, "holds")
     if {was, now} == {"better", "worse"}:
         return "reversed"
     if was == "inconclusive":

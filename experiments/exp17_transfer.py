@@ -9,9 +9,9 @@ pos=rope --set mlp=swiglu), trained by AdamW. docs/campaign.md gives the three c
 trains nothing. For each stack against the reference, over the configurations both tables hold, it
 gives Kendall's tau-b of their order by mean loss with its exact permutation p-value, and for every
 configuration its verdict on each stack and how that verdict moved from the reference's
-(babygpt.rankings.transfer): holds, reversed (better on one, worse on the other), appears
-(inconclusive on the reference, decided here), lost (decided there, inconclusive here), changed
-(equivalent against better or worse), or not run.
+(babygpt.rankings.transfer): holds (the same decided verdict), undecided on both, reversed (better
+on one, worse on the other), appears (inconclusive on the reference, decided here), lost (decided
+there, inconclusive here), changed (equivalent against better or worse), or not run.
 
     python experiments/exp17_transfer.py [--stacks LABEL=DIR,LABEL=DIR,...] [--out DIR]
 
@@ -93,8 +93,8 @@ def main(argv):
             + _common.table_section("Kendall's tau", "Each stack against the reference.", "tau",
                                     _common.markdown_table(["stack", *TAU_HEADER], taus))
             + _common.table_section("Verdicts by stack", "Each configuration's verdict against the baseline on "
-                                    "each stack (its mean loss), and how it moved from the reference's: *holds*, *reversed* "
-                                    "(better ↔ worse), *appears* (inconclusive on the reference, decided here), "
+                                    "each stack (its mean loss), and how it moved from the reference's: *holds* (the same "
+                                    "decided verdict), *undecided on both*, *reversed* (better ↔ worse), *appears* (inconclusive on the reference, decided here), "
                                     "*lost* (decided on the reference, inconclusive here), *changed* (another "
                                     "decided verdict), *not run*.", "verdicts",
                                     _common.markdown_table(["configuration", *stacks, *(f"{label} vs {reference}"

@@ -315,7 +315,8 @@ def test_transfer_compares_each_stack_with_the_reference_and_says_how_each_verdi
     assert verdicts["a"] == ["a", "worse (2.200)", "better (1.580)", "inconclusive (1.700)", "reversed", "lost"]
     assert verdicts["c"][4:] == ["appears", "appears"]
     assert verdicts["ngpt"][2] == "not run" and verdicts["ngpt"][4:] == ["not run", "holds"]
-    assert verdicts["base"][4:] == ["holds", "holds"]
+    assert verdicts["base"][4:] == ["baseline", "baseline"]
+    assert transfer("inconclusive (look 6, 30 pairs)", "inconclusive (2 pairs)") == "undecided on both"
     assert verdicts["every_run_failed"][1:4] == ["not run", "not run", "inconclusive (0 pairs) (no finished run)"]
     assert transfer("equivalent within ±0.010", "better") == "changed"
     assert transfer("better", "equivalent within ±0.020") == "changed"
