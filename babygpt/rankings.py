@@ -102,10 +102,10 @@ def verdict_change(verdicts: list[str]) -> str:
 
 
 def transfer(reference: str | None, other: str | None) -> str:
-    """How a verdict on the reference table moves to another table: "holds" (the same decided verdict),
-    "undecided on both" (inconclusive on both: nothing that could hold), "baseline" (the tables'
-    baseline), "reversed" (better on one, worse on the other), "appears" (inconclusive on the reference, decided
-    on the other), "lost" (decided on the reference, inconclusive on the other), "changed" (another
+    """How a verdict on the reference table moves to another table: "holds" (the same decided
+    verdict), "undecided on both" (inconclusive on both: nothing that could hold), "baseline" (the
+    tables' baseline), "reversed" (better on one, worse on the other), "appears" (inconclusive on the
+    reference, decided on the other), "lost" (decided on the reference, inconclusive on the other), "changed" (another
     decided verdict: equivalent against better or worse), or "not run" where either table lacks it."""
     if reference is None or other is None:
         return "not run"

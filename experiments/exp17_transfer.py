@@ -93,10 +93,11 @@ def main(argv):
             + _common.table_section("Kendall's tau", "Each stack against the reference.", "tau",
                                     _common.markdown_table(["stack", *TAU_HEADER], taus))
             + _common.table_section("Verdicts by stack", "Each configuration's verdict against the baseline on "
-                                    "each stack (its mean loss), and how it moved from the reference's: *holds* (the same "
-                                    "decided verdict), *undecided on both*, *reversed* (better ↔ worse), *appears* (inconclusive on the reference, decided here), "
-                                    "*lost* (decided on the reference, inconclusive here), *changed* (another "
-                                    "decided verdict), *not run*.", "verdicts",
+                                    "each stack (its mean loss), and how it moved from the reference's: *holds* (the "
+                                    "same decided verdict), *undecided on both*, *reversed* (better ↔ worse), "
+                                    "*appears* (inconclusive on the reference, decided here), *lost* (decided on "
+                                    "the reference, inconclusive here), *changed* (another decided verdict), "
+                                    "*not run*.", "verdicts",
                                     _common.markdown_table(["configuration", *stacks, *(f"{label} vs {reference}"
                                                                                        for label in others)],
                                                            [verdict_row(c, tables, pairs, reference)
