@@ -547,6 +547,38 @@ def test_exp2_beyond_tier_trains_the_frontiers_point_from_the_lrs_an_earlier_tie
     assert grids == {"prenorm_rms": [3e-3, 1e-2, 3e-2], "postnorm_ln": exp2.floats(exp2.GRID["default"])}
 
 
+def test_exp2_sequential_table_draws_robustness_like_for_like_on_the_first_looks_pairs(monkeypatch):
+    """The runner-up runs of a sequential stage hold the first look's seeds; its robustness cell compares
+    the verdict on those pairs at the tuned LRs with the same pairs against the runner-up baseline,
+    not the sequential verdict, which rests on more pairs and could never be redrawn on fewer."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
+    import exp2_norm_comparison as exp2
+    from babygpt.sequential import sequential_verdicts
+    from babygpt.verdicts import compare_table
+
+    configs = {"base": "base.py", "var": "var.py"}
+    looks = [3, 6]
+    plan = exp2.Plan("default", "out", configs, "base", [1e-3, 3e-3], [0, 1], list(range(2, 8)), looks=looks)
+    seed_runs = plan.seed_runs({"base": 1e-3, "var": 3e-3})
+    values = {"base": [2.10, 2.20, 2.15, 2.12, 2.18, 2.14], "var": [2.05, 2.17, 2.08, 2.07, 2.15, 2.09]}
+    rows = {r.name: {"status": "finished", "val_loss_full": v, "num_params": 10, "wall_time_s": 1.0}
+            for n in configs for r, v in zip(seed_runs[n], values[n])}
+    paths = sequential_verdicts({"var": [a - b for a, b in zip(values["var"], values["base"])]}, looks, 0.01)
+    outcome = exp2.Outcome({"base": {1e-3: 2.0, 3e-3: 2.1}, "var": {1e-3: 2.1, 3e-3: 2.0}},
+                           {"base": 1e-3, "var": 3e-3}, {"base": 3e-3, "var": 1e-3}, {}, seed_runs, {}, rows, paths)
+    first = {n: v[:3] for n, v in values.items()}
+    for runner_up in ([2.101, 2.201, 2.151], [2.04, 2.18, 2.07]):  # the verdict on 3 pairs kept, then lost
+        text = exp2.tuned_table(plan, outcome, values, {"base": runner_up}, 0.01, {}, None)
+        header, _, _, var = [line.split(" | ") for line in text.splitlines()]
+        cell = var[next(i for i, h in enumerate(header) if h.startswith("robust at runner-up LR"))]
+        tuned, again = compare_table(first, "base", 0.01)["var"], compare_table({**first, "base": runner_up},
+                                                                                 "base", 0.01)["var"]
+        kept = tuned.call() == again.call()
+        assert cell == (f"{'yes' if kept else 'no'}: {tuned.call()}" + ("" if kept else f" → {again.call()}")
+                        + f", {tuned.delta()} → {again.delta()} / not run")
+        assert cell.startswith("yes: better, " if runner_up[0] > 2.1 else "no: better → inconclusive, ")
+
+
 def test_exp2_table_draws_each_verdict_and_its_robustness_to_either_sides_runner_up(monkeypatch):
     monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
     import exp2_norm_comparison as exp2
