@@ -85,6 +85,10 @@ class TrainConfig(Checked):
     muon_adjust_lr: Literal["original", "match_rms_adamw"] = option(
         "match_rms_adamw", "optimizer muon: torch.optim.Muon's adjust_lr_fn: original = lr * sqrt(max(1, A/B)) "
                            "(Jordan et al.), match_rms_adamw = lr * 0.2 sqrt(max(A, B)) (Liu et al. 2025)")
+    muon_ns_dtype: Literal["bfloat16", "float32"] = option(
+        "bfloat16", "optimizer muon: the dtype of the Newton-Schulz iterations; bfloat16 = torch.optim.Muon's and "
+                    "the authors' (fast on a GPU or a CPU with native bfloat16), float32 = the same iteration in "
+                    "float32 (many times faster on a CPU that emulates bfloat16; babygpt/optim.py)")
     qk_clip_tau: float = option(0.0, "QK-Clip (Kimi K2): after each step, rescale a head's W_q and W_k when "
                                      "its largest attention logit of the step passed this; 0 = off",
                                 valid=Range(0))
@@ -173,13 +177,14 @@ class TrainConfig(Checked):
         return problems
 
     def unused_muon_keys(self) -> list[str]:
-        """muon_lr, muon_momentum and muon_adjust_lr set away from their defaults under adamw: they would
-        change nothing, so a run would not be the ablation it claims to be (as rope_base under pos learned)."""
+        """muon_lr, muon_momentum, muon_adjust_lr and muon_ns_dtype set away from their defaults under adamw:
+        they would change nothing, so a run would not be the ablation it claims to be (as rope_base under
+        pos learned)."""
         if self.optimizer == "muon":
             return []
         defaults = TrainConfig.__dataclass_fields__
-        changed = [f"{name} {getattr(self, name)!r}" for name in ("muon_lr", "muon_momentum", "muon_adjust_lr")
-                   if getattr(self, name) != defaults[name].default]
+        keys = ("muon_lr", "muon_momentum", "muon_adjust_lr", "muon_ns_dtype")
+        changed = [f"{name} {getattr(self, name)!r}" for name in keys if getattr(self, name) != defaults[name].default]
         return [f"{', '.join(changed)}: the muon_* keys apply to optimizer muon only, got optimizer "
                 f"{self.optimizer}; set optimizer muon or leave them out"] if changed else []
 

@@ -3,9 +3,9 @@
 
 Muon (Jordan et al. 2024, https://kellerjordan.github.io/posts/muon/) runs SGD with Nesterov
 momentum and replaces each update of a 2-D weight by its nearest semi-orthogonal matrix
-(Newton-Schulz iterations; torch.optim.Muon's, not written here). That is the right geometry for
-a hidden linear map x -> W x, whose update should change the output of every input direction by a
-similar amount, and the wrong one for
+(Newton-Schulz iterations: torch.optim.Muon's, or the same in float32 under ``muon_ns_dtype``,
+MuonNS). That is the right geometry for a hidden linear map x -> W x, whose update should change
+the output of every input direction by a similar amount, and the wrong one for
 
 * the token and position embeddings: lookup tables, of which a step touches only the rows its
   batch used; orthogonalizing would spread the update over every row;
@@ -47,6 +47,8 @@ ratio so that an adamw run's learning rates are exactly ``lr_at``'s, as before M
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn as nn
@@ -106,6 +108,79 @@ class MuonWithAdamW:
 Optimizer = torch.optim.Optimizer | MuonWithAdamW
 
 
+def newton_schulz(update: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """Muon's orthogonalization of one (A, B) update, computed in ``dtype``: the quintic Newton-Schulz
+    iteration X <- a X + (b X X^T + c (X X^T)^2) X from X = G / ||G||_F, on the wide side (the
+    transpose when A > B, so that X X^T is the smaller Gram matrix). Returns an (A, B) tensor in
+    ``dtype`` whose singular values lie roughly in 0.5-1.5, not at 1: the coefficients buy a steep
+    slope at zero with full convergence (Jordan et al. 2024). Never writes into ``update``."""
+    a, b, c = coefficients
+    tall = update.size(0) > update.size(1)
+    x = update.to(dtype)
+    if tall:
+        x = x.T  # (B, A): the Gram matrix below is (B, B), the smaller one
+    x = x / x.norm().clamp(min=eps)  # Frobenius >= spectral norm: every singular value <= 1. Not in place:
+    # .to() returns ``update`` itself when it is already in ``dtype``, and it may be the momentum buffer
+    for _ in range(steps):
+        gram = x @ x.T  # (m, m), m = min(A, B)
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+def lr_ratio(adjust_lr_fn: str | None, shape: torch.Size) -> float:
+    """How torch.optim.Muon scales its learning rate for an (A, B) matrix: ``original`` sqrt(max(1, A/B))
+    (Jordan et al.), ``match_rms_adamw`` 0.2 sqrt(max(A, B)) (Liu et al. 2025)."""
+    rows, cols = shape[:2]
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))
+    return math.sqrt(max(1.0, rows / cols))
+
+
+class MuonNS(torch.optim.Muon):
+    """torch.optim.Muon with its Newton-Schulz iterations computed in ``ns_dtype`` (``muon_ns_dtype``).
+
+    The paper's update (Jordan et al. 2024, https://kellerjordan.github.io/posts/muon/) is Nesterov
+    momentum, orthogonalized by five quintic Newton-Schulz steps, times a shape-dependent learning
+    rate, after decoupled weight decay. The authors' code (KellerJordan/Muon, muon.py
+    ``zeropower_via_newtonschulz5``), Moonlight's (Liu et al. 2025) and torch's (torch/optim/_muon.py)
+    all iterate in bfloat16, chosen for speed: the iteration is stable there on a GPU. On a CPU
+    without native bfloat16 every bfloat16 matmul is converted in software, and a Muon step costs
+    several AdamW steps (docs/performance.md). ``ns_dtype=torch.float32`` runs the same iteration
+    with float32's 24-bit significand instead of bfloat16's 8. The two differ in rounding only, but
+    a run in one is not bit for bit a run in the other: ``muon_ns_dtype`` is one of a run's
+    settings, so a sweep's table never mixes them.
+
+    Everything else is torch.optim.Muon's: the same param groups and hyperparameters, the same state
+    (``momentum_buffer``), and with ``ns_dtype=bfloat16`` the same parameters bit for bit
+    (tests/test_optim.py checks that, and that float32 lands nearer a float64 iteration)."""
+
+    def __init__(self, params, ns_dtype: torch.dtype = torch.float32, **kwargs):
+        super().__init__(params, **kwargs)
+        self.ns_dtype = ns_dtype
+
+    @torch.no_grad()
+    def step(self, closure=None) -> None:
+        """One update of every parameter that has a gradient (``closure`` unsupported, as in MuonWithAdamW)."""
+        if closure is not None:
+            raise ValueError("MuonNS.step takes no closure")
+        for group in self.param_groups:
+            lr, momentum = group["lr"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad)
+                buf = state["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - momentum)
+                update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
+                update = newton_schulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"],
+                                       self.ns_dtype)
+                p.mul_(1 - lr * group["weight_decay"])
+                p.add_(update, alpha=-lr * lr_ratio(group["adjust_lr_fn"], p.shape))
+
+
 def adamw_for_all(model: nn.Module, cfg: TrainConfig, fused: bool) -> torch.optim.AdamW:
     """optimizer adamw: GPT.configure_optimizers' AdamW (matrices decayed, the rest not), unchanged."""
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
@@ -139,9 +214,12 @@ def muon_with_adamw(model: nn.Module, cfg: TrainConfig, fused: bool) -> MuonWith
     adamw = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay, "lr_scale": 1.0},
                                {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0}],
                               lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps, fused=fused)
-    muon = torch.optim.Muon([{"params": hidden, "lr_scale": cfg.muon_lr / cfg.learning_rate}], lr=cfg.muon_lr,
-                            weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum, nesterov=True,
-                            adjust_lr_fn=cfg.muon_adjust_lr)
+    groups = [{"params": hidden, "lr_scale": cfg.muon_lr / cfg.learning_rate}]
+    settings = dict(lr=cfg.muon_lr, weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum, nesterov=True,
+                    adjust_lr_fn=cfg.muon_adjust_lr)
+    # bfloat16 is torch's own optimizer, unchanged; float32 the same update with a wider iteration
+    muon = (torch.optim.Muon(groups, **settings) if cfg.muon_ns_dtype == "bfloat16"
+            else MuonNS(groups, ns_dtype=torch.float32, **settings))
     return MuonWithAdamW(muon, adamw)
 
 

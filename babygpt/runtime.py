@@ -174,18 +174,19 @@ def dtype_note(device: torch.device, dtype: str) -> tuple[str, str | None]:
             f"--dtype={dtype} makes training slower, not faster; use --dtype=float32 (or --dtype=auto)")
 
 
-def muon_note(device: torch.device) -> str | None:
+def muon_note(device: torch.device, ns_dtype: str) -> str | None:
     """The warning for optimizer muon where its orthogonalization is slow: torch.optim.Muon runs its
     Newton-Schulz iterations in bfloat16 (torch/optim/_muon.py), which a CPU without native bfloat16
-    emulates, so there one Muon step can cost several AdamW training steps (docs/performance.md)."""
-    if device.type != "cpu":
+    emulates, so there one Muon step can cost several AdamW training steps (docs/performance.md).
+    ``muon_ns_dtype`` float32 (optim.MuonNS) is the way out it names."""
+    if device.type != "cpu" or ns_dtype != "bfloat16":
         return None
     slowdown = matmul_slowdown(device.type, "bfloat16")
     if slowdown < EMULATED_SLOWDOWN:
         return None
     return (f"optimizer muon: torch.optim.Muon orthogonalizes each update in bfloat16, which this CPU emulates "
             f"(matmul {slowdown:.0f}x slower than float32), so each step costs several times an AdamW step "
-            f"here (docs/performance.md); optimizer adamw trains faster on this machine")
+            f"here (docs/performance.md); --muon_ns_dtype=float32 runs the same iteration in float32")
 
 
 # cuBLAS picks its reduction order from the workspace it is given; a fixed-size workspace makes that

@@ -324,7 +324,7 @@ def announce(cfg: TrainConfig, device: torch.device, dist: distributed.Dist, num
         print(f"warning: {changes}", file=sys.stderr, flush=True)
     ranks = f" x {dist.world_size} processes" if dist.enabled else ""
     native, warning = dtype_note(device, cfg.dtype)
-    for note in (warning, muon_note(device) if cfg.optimizer == "muon" else None):
+    for note in (warning, muon_note(device, cfg.muon_ns_dtype) if cfg.optimizer == "muon" else None):
         if note:
             print(f"warning: {note}", file=sys.stderr, flush=True)
     print(f"training on {device}{ranks} in {cfg.dtype}{native}, {num_params / 1e6:.2f}M parameters, "

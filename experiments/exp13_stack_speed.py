@@ -1,7 +1,8 @@
 """Experiment 13: what each piece of the 2026 stack costs. Training tokens/s of the default model with
 one piece switched on at a time (RoPE, SwiGLU, ReLU², split q/k/v, zero-initialised projections, the
 residual lambdas, the soft-caps, QK-Clip's logit tracking, Derf, unit-offset gains, Pre+post-main
-norm, the parallel block, Muon) and of the two modern configs, each against the default (Pre-LN
+norm, the parallel block, Muon with its Newton-Schulz iterations in bfloat16 (torch's) and in
+float32) and of the two modern configs, each against the default (Pre-LN
 RMSNorm) timed in the same sitting; and sampling: KV-cached generation with learned positions and
 with RoPE against nanoGPT's way of generating (each new token recomputes the whole context, cut to
 the last block_size tokens), at nanoGPT's GPU-sized shape (6 layers x 384, ctx 256).
@@ -50,6 +51,7 @@ PIECES = {
     "placement prepost": ["--norm_placement=prepost"],
     "placement parallel": ["--norm_placement=parallel"],
     "optimizer muon": ["--optimizer=muon"],
+    "optimizer muon, ns float32": ["--optimizer=muon", "--muon_ns_dtype=float32"],
     "modern_rms.py": [os.path.join(CONFIG, "modern_rms.py")],
     "modern_rms_adamw.py": [os.path.join(CONFIG, "modern_rms_adamw.py")],
 }

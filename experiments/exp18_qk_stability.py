@@ -133,8 +133,10 @@ def main(argv):
     results = run_rows(runs, rows, sweep)
     write_csv(os.path.join(exp.out, "results.csv"), list(results[0]), results)
     plot(results, lrs, os.path.join(exp.out, "qk_stability.png"))
-    fixed = _common.resolved_keys(config_path("prenorm_rms"), args.set, ("muon_adjust_lr", "learning_rate"))
-    body = (f"{exp.budget_line(budget)}; optimizer muon (muon_adjust_lr {fixed['muon_adjust_lr']}), muon_lr over "
+    fixed = _common.resolved_keys(config_path("prenorm_rms"), args.set,
+                                  ("muon_adjust_lr", "muon_ns_dtype", "learning_rate"))
+    body = (f"{exp.budget_line(budget)}; optimizer muon (muon_adjust_lr {fixed['muon_adjust_lr']}, Newton-Schulz in "
+            f"{fixed['muon_ns_dtype']}), muon_lr over "
             f"the grid, AdamW's learning_rate {fixed['learning_rate']:g}; seeds {', '.join(map(str, range(args.seeds)))}; QK-Clip "
             f"at tau {args.qk_clip_tau:g}; the largest attention logit measured every {diag_interval} iterations. "
             f"Collapsed: the run ended within 0.1 nats of the unigram loss or above it (train.py's test). "

@@ -15,7 +15,7 @@ from babygpt.checkpoint import FIXED_AT_START, check_same_start, load_optimizer_
 from babygpt.config import TrainConfig, load_config
 from babygpt.errors import BabyGPTError
 from babygpt.model import GPT, GPTConfig
-from babygpt.optim import MuonWithAdamW, build_optimizer, hidden_matrices
+from babygpt.optim import MuonNS, MuonWithAdamW, build_optimizer, hidden_matrices, newton_schulz
 from babygpt.placements import PLACEMENTS as PLACEMENT_CLASSES
 from babygpt.trainer import Trainer, lr_at
 from conftest import GRID, GRID_IDS, NaNAfter, TINY_TRAIN_ARGS, assert_refused_in_process, once, tiny_config
@@ -128,6 +128,65 @@ def test_muon_and_adamw_steps_equal_the_torch_optimizers_built_by_hand(adjust):
     for (name, p), start in zip(model.named_parameters(), initial):
         assert_close(p.detach(), copies[id(p)].detach(), rtol=0, atol=0, msg=name)
         assert not torch.equal(p, start), name
+
+
+def matrices(seed: int) -> list[torch.Tensor]:
+    """A wide, a tall and a square matrix: both sides of the Gram-matrix choice."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g) for shape in ((8, 24), (24, 8), (16, 16))]
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+@pytest.mark.parametrize("adjust", ["original", "match_rms_adamw"])
+def test_muon_ns_in_bfloat16_is_torch_optim_muon_bit_for_bit(adjust, nesterov):
+    """MuonNS writes Muon's step out so that its iteration's dtype can change; in bfloat16, torch's
+    dtype, three steps move every matrix exactly as torch.optim.Muon does, and leave the same state."""
+    ours, theirs = matrices(0), [p.clone() for p in matrices(0)]
+    settings = dict(lr=0.05, weight_decay=0.1, momentum=0.9, nesterov=nesterov, adjust_lr_fn=adjust)
+    mine, ref = MuonNS(ours, ns_dtype=torch.bfloat16, **settings), torch.optim.Muon(theirs, **settings)
+    for seed in (1, 2, 3):
+        set_grads(ours, matrices(seed))
+        set_grads(theirs, matrices(seed))
+        mine.step()
+        ref.step()
+    for a, b in zip(ours, theirs):
+        assert_close(a, b, rtol=0, atol=0)
+        assert_close(mine.state[a]["momentum_buffer"], ref.state[b]["momentum_buffer"], rtol=0, atol=0)
+
+
+def test_newton_schulz_in_float32_lands_nearer_the_float64_iteration_than_bfloat16():
+    """The same five steps in float64 are the reference: float32 agrees with them to float32's
+    rounding, bfloat16 to bfloat16's (some hundredths), so float32 is the more exact of the two."""
+    coefficients = torch.optim.Muon([torch.zeros(2, 2)]).param_groups[0]["ns_coefficients"]
+    for g in matrices(4):
+        exact = newton_schulz(g.double(), coefficients, 5, 1e-7, torch.float64)
+        fp32 = newton_schulz(g, coefficients, 5, 1e-7, torch.float32)
+        bf16 = newton_schulz(g, coefficients, 5, 1e-7, torch.bfloat16)
+        assert fp32.dtype == torch.float32 and fp32.shape == g.shape
+        assert_close(fp32.double(), exact, rtol=1e-5, atol=1e-5)
+        assert (bf16.double() - exact).abs().max() > 100 * (fp32.double() - exact).abs().max()
+
+
+def test_muon_ns_leaves_its_input_and_the_momentum_buffer_unchanged():
+    """Without Nesterov the update is the momentum buffer itself, and in float32 .to() returns it
+    uncopied: the iteration must not normalise it in place. After one step the buffer is (1 - beta) g."""
+    (p,), (grad,) = matrices(5)[:1], matrices(6)[:1]
+    opt = MuonNS([p], ns_dtype=torch.float32, lr=0.01, momentum=0.9, nesterov=False)
+    p.grad = grad.clone()
+    opt.step()
+    assert_close(opt.state[p]["momentum_buffer"], 0.1 * grad, rtol=1e-6, atol=0)
+    assert_close(p.grad, grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("ns_dtype,kind", [("bfloat16", torch.optim.Muon), ("float32", MuonNS)])
+def test_muon_ns_dtype_picks_torchs_optimizer_or_the_float32_one(ns_dtype, kind):
+    """The default is torch.optim.Muon itself; float32 builds MuonNS with everything else the same."""
+    opt = build_optimizer(GPT(tiny_config()), TrainConfig(optimizer="muon", muon_ns_dtype=ns_dtype))
+    assert type(opt.muon) is kind
+    assert getattr(opt.muon, "ns_dtype", torch.bfloat16) == getattr(torch, ns_dtype)
+    reference = build_optimizer(GPT(tiny_config()), MUON).muon.param_groups[0]
+    assert {k: v for k, v in opt.muon.param_groups[0].items() if k != "params"} == \
+        {k: v for k, v in reference.items() if k != "params"}
 
 
 def test_zero_grad_and_state_dict_cover_both_optimizers():
@@ -284,9 +343,10 @@ def test_muon_options_set_under_adamw_are_refused_in_one_line():
     """As rope_base under pos learned: a muon_* key that would change nothing is refused, naming the fix;
     left at their defaults they are no problem, and adamw builds AdamW alone."""
     with pytest.raises(BabyGPTError) as e:
-        TrainConfig(muon_lr=0.5, muon_momentum=0.5, muon_adjust_lr="original")
+        TrainConfig(muon_lr=0.5, muon_momentum=0.5, muon_adjust_lr="original", muon_ns_dtype="float32")
     (line,) = e.value.problems
-    assert line.startswith("muon_lr 0.5, muon_momentum 0.5, muon_adjust_lr 'original': ") and "set optimizer muon" in line
+    assert line.startswith("muon_lr 0.5, muon_momentum 0.5, muon_adjust_lr 'original', muon_ns_dtype 'float32': ")
+    assert "set optimizer muon" in line
     assert TrainConfig(optimizer="muon", muon_lr=0.5).problems() == []
     assert type(build_optimizer(GPT(tiny_config()), TrainConfig())) is torch.optim.AdamW
 
@@ -378,7 +438,9 @@ def test_muon_warns_where_the_cpu_emulates_bfloat16(slowdown, warned, monkeypatc
     err = capsys.readouterr().err
     assert ("warning: optimizer muon: torch.optim.Muon orthogonalizes each update in bfloat16, which this CPU "
             "emulates (matmul 40x slower than float32)" in err) == warned
-    assert runtime.muon_note(torch.device("cuda")) is None  # a GPU computes bfloat16 natively
+    assert ("--muon_ns_dtype=float32 runs the same iteration in float32" in err) == warned  # the way out
+    assert runtime.muon_note(torch.device("cuda"), "bfloat16") is None  # a GPU computes bfloat16 natively
+    assert runtime.muon_note(torch.device("cpu"), "float32") is None  # taken: nothing left to warn of
 
 
 @pytest.mark.parametrize("model,train,fragment", [

@@ -110,14 +110,17 @@ def wait_for_run_start(out_dir, proc, resumes, timeout=60):
 
 # ------------------------------------------------------------------ exact resume
 
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+@pytest.mark.parametrize("optimizer", [["--optimizer=adamw"], ["--optimizer=muon"],
+                                       ["--optimizer=muon", "--muon_ns_dtype=float32"]],
+                         ids=["adamw", "muon", "muon_ns32"])
 def test_resume_is_bit_identical(data_dir, tmp_path, optimizer):
     """2N iterations in one go == N iterations, then a resume to 2N (losses compared with ==); under
-    muon the checkpoint carries Muon's momentum buffers and AdamW's moments (optim.MuonWithAdamW)."""
+    muon the checkpoint carries Muon's momentum buffers and AdamW's moments (optim.MuonWithAdamW),
+    with torch's Muon or optim.MuonNS."""
     n = 12
     common = once(f"--data_dir={data_dir}", *TINY_TRAIN_ARGS, "--log_interval=1", f"--eval_interval={n}",
                   "--dropout=0.1", f"--lr_decay_iters={2 * n}",  # dropout: the torch RNG state must resume too
-                  f"--optimizer={optimizer}")
+                  *optimizer)
     train(load_config([*common, f"--out_dir={tmp_path / 'full'}", f"--max_iters={2 * n}"]))
     train(load_config([*common, f"--out_dir={tmp_path / 'half'}", f"--max_iters={n}"]))
     train(load_config([*common, f"--out_dir={tmp_path / 'half'}", f"--max_iters={2 * n}",
