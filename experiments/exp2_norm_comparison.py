@@ -572,8 +572,10 @@ def verdict_rule(k: int, margin: float, stated: float | None, unigram: float | N
             f"within ±m were the true difference 0, the t-test were it the observed one (Chow, Shao & Wang 2008). "
             f"{failed}. *Leave-one-seed-out*: in how many of the tables drawn again with one evaluation seed "
             f"deleted (from every configuration) a better/worse verdict stays. *Robust*: whether the verdict stays "
-            f"the same against the baseline at its runner-up LR, and with the configuration at its own (*not run*: "
-            f"those runs were not trained; --runner_up all trains them). {FAILURES_RULE}")
+            f"the same against the baseline at its runner-up LR, and with the configuration at its own, the table's "
+            f"verdicts drawn again (Holm) with that side's runs; where it changes, the new verdict and its paired "
+            f"difference with a plain 95% interval, not the Holm step's (*not run*: those runs were not trained; "
+            f"--runner_up all trains them). {FAILURES_RULE}")
 
 
 def sequential_rule(k: int, margin: float, stated: float | None, looks: list) -> str:
@@ -738,7 +740,9 @@ def trained_verdicts(plan: Plan, rows: dict, margin: float) -> dict:
     losses = {name: [reported_loss(r) if r["status"] == "finished" else math.inf for r in rs]
               for name, rs in rows.items()}
     if not plan.looks:
-        drawn = {name: f"{c.call()} ({c.pairs} pairs)" for name, c in compare_table(losses, base, margin).items()}
+        # call() already names the pairs of a comparison with too few: the word alone, then the count once
+        drawn = {name: f"{c.call().split(' (')[0]} ({c.pairs} pairs)"
+                 for name, c in compare_table(losses, base, margin).items()}
     else:
         paths = sequential_verdicts({name: pairs_of(losses[name], losses[base]) for name in losses if name != base},
                                     plan.looks, margin)

@@ -630,7 +630,7 @@ def test_exp2_table_draws_each_verdict_and_its_robustness_to_either_sides_runner
     assert "over the table's 3 comparisons together: " in rule
     for fragment in ("m = 0.01 nats, stated before the runs (not estimated from them)", "where Holm stopped",
                      "counts at the data's unigram loss (3.3473 nats)", "*pairs to decide*", "*Leave-one-seed-out*",
-                     "at its own (*not run*"):
+                     "a plain 95% interval, not the Holm step's (*not run*"):
         assert fragment in rule, fragment
     assert "stated before the runs with --margin" in exp2.verdict_rule(3, 0.02, 0.02, 3.3473)
     assert "has no pair" in exp2.verdict_rule(3, 0.01, None, None)
@@ -1542,6 +1542,10 @@ def test_exp2_table_gives_each_configurations_collapse_rate_and_its_verdict_on_t
     calm = exp2.tuned_table(plan, exp2.Outcome(outcome.means, outcome.tuned, {}, {}, seed_runs, {}, rows), values, {},
                             0.01, {}, None)
     assert "| 0 of 5 (0%–52%) | — (every run trained) |" in calm
+    fixed = exp2.Plan("default", "out", configs, "base", [1e-3, 3e-3], [0, 1], [2, 3, 4, 5, 6])
+    gone = {"base": [{"status": "finished", "val_loss_full": v} for v in values["base"]],
+            "var": [{"status": "collapsed", "val_loss_full": 3.3}] * 5}  # no pair trained: counted once
+    assert exp2.trained_verdicts(fixed, gone, 0.01) == {"var": "inconclusive (0 pairs)"}
     assert "Clopper & Pearson 1934" in exp2.verdict_rule(1, 0.01, None, 3.35)
     # --looks: progress.md's row, the collapse rate and the sequential verdict over the runs that trained
     from babygpt.sequential import sequential_verdicts
