@@ -88,8 +88,8 @@ def main(argv):
             f"with the reference's, over the configurations both hold (1: the same order, -1: reversed); the "
             f"p-value is the exact two-sided permutation test of no association, and the last column the "
             f"smallest |tau| that could reach p ≤ 0.05 with that many configurations: a tau short of it is no "
-            f"evidence either way. Each verdict was drawn over its own table's comparisons (Holm), against "
-            f"each table's own baseline.\n\n"
+            f"evidence either way. Each verdict was drawn over its own table's comparisons (Holm; "
+            f"group-sequential over the looks where the table had them), against each table's own baseline.\n\n"
             + _common.table_section("Kendall's tau", "Each stack against the reference.", "tau",
                                     _common.markdown_table(["stack", *TAU_HEADER], taus))
             + _common.table_section("Verdicts by stack", "Each configuration's verdict against the baseline on "
