@@ -88,7 +88,7 @@ class TrainConfig(Checked):
     muon_ns_dtype: Literal["bfloat16", "float32"] = option(
         "bfloat16", "optimizer muon: the dtype of the Newton-Schulz iterations; bfloat16 = torch.optim.Muon's and "
                     "the authors' (fast on a GPU or a CPU with native bfloat16), float32 = the same iteration in "
-                    "float32 (many times faster on a CPU that emulates bfloat16; babygpt/optim.py)")
+                    "float32 (for a CPU that emulates bfloat16; docs/performance.md, babygpt/optim.py)")
     qk_clip_tau: float = option(0.0, "QK-Clip (Kimi K2): after each step, rescale a head's W_q and W_k when "
                                      "its largest attention logit of the step passed this; 0 = off",
                                 valid=Range(0))

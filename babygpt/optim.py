@@ -1,5 +1,6 @@
 """Which optimizer trains which parameter: ``optimizer = "adamw"`` (AdamW for everything) or
-``optimizer = "muon"`` (torch.optim.Muon for the blocks' weight matrices, AdamW for the rest).
+``optimizer = "muon"`` (torch.optim.Muon, or MuonNS, for the blocks' weight matrices, AdamW for the
+rest).
 
 Muon (Jordan et al. 2024, https://kellerjordan.github.io/posts/muon/) runs SGD with Nesterov
 momentum and replaces each update of a 2-D weight by its nearest semi-orthogonal matrix
@@ -114,7 +115,7 @@ def newton_schulz(update: torch.Tensor, coefficients: tuple[float, float, float]
     iteration X <- a X + (b X X^T + c (X X^T)^2) X from X = G / ||G||_F, on the wide side (the
     transpose when A > B, so that X X^T is the smaller Gram matrix). Returns an (A, B) tensor in
     ``dtype`` whose singular values lie roughly in 0.5-1.5, not at 1: the coefficients buy a steep
-    slope at zero with full convergence (Jordan et al. 2024). Never writes into ``update``."""
+    slope at zero at the cost of full convergence (Jordan et al. 2024). Never writes into ``update``."""
     a, b, c = coefficients
     tall = update.size(0) > update.size(1)
     x = update.to(dtype)
@@ -147,13 +148,15 @@ class MuonNS(torch.optim.Muon):
     all iterate in bfloat16, chosen for speed: the iteration is stable there on a GPU. On a CPU
     without native bfloat16 every bfloat16 matmul is converted in software, and a Muon step costs
     several AdamW steps (docs/performance.md). ``ns_dtype=torch.float32`` runs the same iteration
-    with float32's 24-bit significand instead of bfloat16's 8. The two differ in rounding only, but
+    with float32's 24-bit significand instead of bfloat16's 8 (on a GPU, float32 matmuls follow the
+    run's TF32 setting, which the Trainer turns on for CUDA). The two differ in rounding only, but
     a run in one is not bit for bit a run in the other: ``muon_ns_dtype`` is one of a run's
     settings, so a sweep's table never mixes them.
 
     Everything else is torch.optim.Muon's: the same param groups and hyperparameters, the same state
-    (``momentum_buffer``), and with ``ns_dtype=bfloat16`` the same parameters bit for bit
-    (tests/test_optim.py checks that, and that float32 lands nearer a float64 iteration)."""
+    (``momentum_buffer``), and with ``ns_dtype=bfloat16`` the same float32 parameters bit for bit
+    (tests/test_optim.py checks that, and that float32 lands nearer a float64 iteration). Unlike
+    torch's step it takes no closure and no tensor learning rate (neither is used here)."""
 
     def __init__(self, params, ns_dtype: torch.dtype = torch.float32, **kwargs):
         super().__init__(params, **kwargs)

@@ -727,6 +727,11 @@ def percent(rate: float) -> str:
     return f"{100 * rate:.1f}%" if 0 < 100 * rate < 9.95 else f"{100 * rate:.0f}%"
 
 
+def pairs_text(n: int) -> str:
+    """1 -> "1 pair", 4 -> "4 pairs"."""
+    return f"{n} pair{'s' if n != 1 else ''}"
+
+
 def trained_verdicts(plan: Plan, rows: dict, margin: float) -> dict:
     """{name: its verdict against the baseline over the pairs where both runs finished}, drawn as the
     table's own (Holm over the table, sequential over the looks with --looks); "— (every run
@@ -741,14 +746,15 @@ def trained_verdicts(plan: Plan, rows: dict, margin: float) -> dict:
               for name, rs in rows.items()}
     if not plan.looks:
         # call() already names the pairs of a comparison with too few: the word alone, then the count once
-        drawn = {name: f"{c.call().split(' (')[0]} ({c.pairs} pairs)"
+        drawn = {name: f"{c.call().split(' (')[0]} ({pairs_text(c.pairs)})"
                  for name, c in compare_table(losses, base, margin).items()}
     else:
-        paths = sequential_verdicts({name: pairs_of(losses[name], losses[base]) for name in losses if name != base},
+        base_losses = losses[base]
+        paths = sequential_verdicts({name: pairs_of(losses[name], base_losses) for name in losses if name != base},
                                     plan.looks, margin)
         drawn = {name: (f"{'equivalent within ±%.3f' % margin if path[-1].verdict == 'equivalent' else path[-1].verdict}"
-                        f" ({path[-1].pairs} pairs)" if path and path[-1].verdict else
-                        f"inconclusive ({path[-1].pairs if path else len(pairs_of(losses[name], losses[base]))} pairs)")
+                        f" ({pairs_text(path[-1].pairs)})" if path and path[-1].verdict else
+                        f"inconclusive ({pairs_text(path[-1].pairs if path else len(pairs_of(losses[name], base_losses)))})")
                  for name, path in paths.items()}
     return {name: drawn[name] if name in failed or base in failed else same for name in drawn}
 

@@ -136,13 +136,16 @@ def matrices(seed: int) -> list[torch.Tensor]:
     return [torch.randn(shape, generator=g) for shape in ((8, 24), (24, 8), (16, 16))]
 
 
+@pytest.mark.parametrize("iteration", [{}, {"ns_steps": 3, "ns_coefficients": (2.0, -1.5, 0.5)}],
+                         ids=["torch's", "other steps and coefficients"])
 @pytest.mark.parametrize("nesterov", [True, False])
 @pytest.mark.parametrize("adjust", ["original", "match_rms_adamw"])
-def test_muon_ns_in_bfloat16_is_torch_optim_muon_bit_for_bit(adjust, nesterov):
+def test_muon_ns_in_bfloat16_is_torch_optim_muon_bit_for_bit(adjust, nesterov, iteration):
     """MuonNS writes Muon's step out so that its iteration's dtype can change; in bfloat16, torch's
-    dtype, three steps move every matrix exactly as torch.optim.Muon does, and leave the same state."""
+    dtype, three steps move every matrix exactly as torch.optim.Muon does, and leave the same state,
+    also with a group's own number of steps and coefficients."""
     ours, theirs = matrices(0), [p.clone() for p in matrices(0)]
-    settings = dict(lr=0.05, weight_decay=0.1, momentum=0.9, nesterov=nesterov, adjust_lr_fn=adjust)
+    settings = dict(lr=0.05, weight_decay=0.1, momentum=0.9, nesterov=nesterov, adjust_lr_fn=adjust, **iteration)
     mine, ref = MuonNS(ours, ns_dtype=torch.bfloat16, **settings), torch.optim.Muon(theirs, **settings)
     for seed in (1, 2, 3):
         set_grads(ours, matrices(seed))
@@ -167,7 +170,7 @@ def test_newton_schulz_in_float32_lands_nearer_the_float64_iteration_than_bfloat
         assert (bf16.double() - exact).abs().max() > 100 * (fp32.double() - exact).abs().max()
 
 
-def test_muon_ns_leaves_its_input_and_the_momentum_buffer_unchanged():
+def test_muon_ns_leaves_the_momentum_buffer_as_momentum_made_it():
     """Without Nesterov the update is the momentum buffer itself, and in float32 .to() returns it
     uncopied: the iteration must not normalise it in place. After one step the buffer is (1 - beta) g."""
     (p,), (grad,) = matrices(5)[:1], matrices(6)[:1]
@@ -175,7 +178,6 @@ def test_muon_ns_leaves_its_input_and_the_momentum_buffer_unchanged():
     p.grad = grad.clone()
     opt.step()
     assert_close(opt.state[p]["momentum_buffer"], 0.1 * grad, rtol=1e-6, atol=0)
-    assert_close(p.grad, grad, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("ns_dtype,kind", [("bfloat16", torch.optim.Muon), ("float32", MuonNS)])
