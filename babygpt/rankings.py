@@ -82,7 +82,13 @@ def tau_cells(a: dict, b: dict, configs: list[str]) -> list[str]:
     tau = kendall_tau(xs, ys)
     tied = math.isnan(tau)  # every configuration ties in one table: no order to compare
     return [str(len(configs)), "undefined (one table ties them all)" if tied else f"{tau:+.3f}",
-            "—" if tied else f"{kendall_p(xs, ys):.3f}", "none can" if ceiling is None else f"{ceiling:.3f}"]
+            "—" if tied else p_text(kendall_p(xs, ys)), "none can" if ceiling is None else f"{ceiling:.3f}"]
+
+
+def p_text(p: float) -> str:
+    """A p-value at three decimals, or at one significant digit below 0.001, where three decimals
+    would print an exact p (seven configurations in the same order: 2/7! ≈ 0.0004) as 0.000."""
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.1g}"
 
 
 def verdict_word(verdict: str) -> str:

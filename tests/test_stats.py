@@ -183,6 +183,14 @@ def test_kendall_tau_and_its_exact_p_against_counted_inversions(ys, tau, p):
     assert kendall_p([1, 2, 3, 4], ys) == pytest.approx(p)
 
 
+def test_tau_cells_print_a_small_exact_p_without_rounding_it_to_zero():
+    from babygpt.rankings import tau_cells
+    a = {c: (float(i), "—") for i, c in enumerate("abcdefg")}
+    assert tau_cells(a, a, list(a))[1:3] == ["+1.000", "0.0004"]  # 2 orders of 7! reach |tau| = 1
+    b = {c: (float(i), "—") for i, c in enumerate("abcdgfe")}
+    assert tau_cells(a, b, list(a))[2] == f"{kendall_p(list(range(7)), [0, 1, 2, 3, 6, 5, 4]):.3f}"
+
+
 def test_kendall_tau_b_leaves_ties_out_of_both_counts():
     # pairs (1,2) tied in y; (1,3), (2,3) concordant: tau-b = 2 / sqrt(3 * 2)
     assert kendall_tau([1, 2, 3], [1, 1, 2]) == pytest.approx(2 / math.sqrt(6))
