@@ -80,9 +80,12 @@ def largest_logit(metrics: list[dict]) -> float | None:
     return max(values) if all(math.isfinite(v) for v in values) else math.inf
 
 
-def clipped_steps(metrics: list[dict]) -> int:
-    """How many logged steps clipped at least one head (QK-Clip's rows carry qk_clipped_heads)."""
-    return sum(1 for r in metrics if (r.get("qk_clipped_heads") or 0) > 0)
+def clipped_steps(metrics: list[dict]) -> tuple[int, int]:
+    """(how many logged steps clipped at least one head, how many steps were logged): QK-Clip's rows,
+    one every log_interval iterations, carry qk_clipped_heads, the count at the step before the row;
+    the steps between rows go uncounted."""
+    logged = [r["qk_clipped_heads"] for r in metrics if "qk_clipped_heads" in r]
+    return sum(1 for n in logged if n > 0), len(logged)
 
 
 def run_rows(runs: dict, rows: dict, sweep) -> list[dict]:
@@ -90,8 +93,9 @@ def run_rows(runs: dict, rows: dict, sweep) -> list[dict]:
     for (arm, lr, seed), run in runs.items():
         metrics = load_run(sweep.out_dir(run))["metrics"]
         row = rows[run.name]
+        clipped, logged = clipped_steps(metrics)
         out.append({"arm": arm, "muon_lr": lr, "seed": seed, "status": row["status"], "final_loss": run_loss(row),
-                    "max_attn_logit": largest_logit(metrics), "clipped_steps": clipped_steps(metrics)})
+                    "max_attn_logit": largest_logit(metrics), "clipped_steps": clipped, "logged_steps": logged})
     return out
 
 
@@ -105,9 +109,10 @@ def map_table(results: list[dict], lrs: list[float]) -> str:
             body.append([arm, f"{lr:g}", f"{max(logits):.1f}" if logits else "—",
                          f"{sum(r['status'] in FAILED for r in point)} of {len(point)}",
                          f"{sum(trained) / len(trained):.4f}" if trained else "—",
-                         str(sum(r["clipped_steps"] for r in point)) if arm == "QK-Clip" else ""])
+                         f"{sum(r['clipped_steps'] for r in point)} of {sum(r['logged_steps'] for r in point)}"
+                         if arm == "QK-Clip" else ""])
     return _common.markdown_table(["arm", "muon_lr", "largest attention logit", "collapsed or failed",
-                                   "mean final loss of the others", "logged steps that clipped"], body)
+                                   "mean final loss of the others", "logged steps that clipped (of logged)"], body)
 
 
 def plot(results: list[dict], lrs: list[float], path: str) -> None:
@@ -138,7 +143,9 @@ def main(argv):
     body = (f"{exp.budget_line(budget)}; optimizer muon (muon_adjust_lr {fixed['muon_adjust_lr']}, Newton-Schulz in "
             f"{fixed['muon_ns_dtype']}), muon_lr over "
             f"the grid, AdamW's learning_rate {fixed['learning_rate']:g}; seeds {', '.join(map(str, range(args.seeds)))}; QK-Clip "
-            f"at tau {args.qk_clip_tau:g}; the largest attention logit measured every {diag_interval} iterations. "
+            f"at tau {args.qk_clip_tau:g}; the largest attention logit measured every {diag_interval} iterations, in the "
+            f"step's forward, before QK-Clip rescales W_q and W_k after that step (so it can pass tau); QK-Clip's "
+            f"count of clipping steps looks only at the steps that wrote a log row (one in log_interval). "
             f"Collapsed: the run ended within 0.1 nats of the unigram loss or above it (train.py's test). "
             f"{_common.training_time(rows.values())}.\n\n"
             + _common.table_section("The map", "Per arm and muon_lr, over the seeds.", "map", map_table(results, lrs))

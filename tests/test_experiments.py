@@ -1651,16 +1651,16 @@ def test_exp18_maps_each_arm_at_every_muon_lr_with_its_largest_logit_and_failure
     assert exp18.largest_logit(metrics) == 7.25 and exp18.largest_logit(metrics[:1]) is None
     for overflowed in ([math.nan, 5.0], [5.0, math.nan], [math.inf, 1.0]):  # wherever the bad value lies
         assert exp18.largest_logit(metrics + [{"iter": 75, "attn_logit_max": overflowed}]) == math.inf
-    assert exp18.clipped_steps(metrics) == 2
+    assert exp18.clipped_steps(metrics) == (2, 3) and exp18.clipped_steps(metrics[:2]) == (0, 0)
     results = [{"arm": "QK-Clip", "muon_lr": 0.3, "seed": 0, "status": "finished", "final_loss": 2.0,
-                "max_attn_logit": 120.0, "clipped_steps": 3},
+                "max_attn_logit": 120.0, "clipped_steps": 3, "logged_steps": 40},
                {"arm": "QK-Clip", "muon_lr": 0.3, "seed": 1, "status": "collapsed", "final_loss": 4.1,
-                "max_attn_logit": 90.0, "clipped_steps": 1},
+                "max_attn_logit": 90.0, "clipped_steps": 1, "logged_steps": 12},
                {"arm": "no QK-norm", "muon_lr": 0.3, "seed": 0, "status": "diverged", "final_loss": math.inf,
-                "max_attn_logit": None, "clipped_steps": 0}]
+                "max_attn_logit": None, "clipped_steps": 0, "logged_steps": 0}]
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in exp18.map_table(results, [0.3]).splitlines()]
     rows = {(row[0], row[1]): row[2:] for row in cells[2:]}
-    assert rows["QK-Clip", "0.3"] == ["120.0", "1 of 2", "2.0000", "4"]
+    assert rows["QK-Clip", "0.3"] == ["120.0", "1 of 2", "2.0000", "4 of 52"]
     assert rows["no QK-norm", "0.3"] == ["—", "1 of 1", "—", ""]
     assert rows["QK-norm", "0.3"] == ["—", "0 of 0", "—", ""]
     assert_refused_in_process(exp18.main, ["--quick", "--seeds=0", "--qk_clip_tau=-1", "--lrs=0.1,0.1"], capsys,
