@@ -115,8 +115,9 @@ def map_table(results: list[dict], lrs: list[float]) -> str:
                                    "mean final loss of the others", "logged steps that clipped (of logged)"], body)
 
 
-def plot(results: list[dict], lrs: list[float], path: str) -> None:
+def plot(results: list[dict], lrs: list[float], tau: float, path: str) -> None:
     fig, ax = new_figure(figsize=(6, 4))
+    ax.axhline(tau, color="gray", linestyle="--", linewidth=1, label=f"QK-Clip's tau ({tau:g})")
     for arm in ARMS:
         peaks = [max([r["max_attn_logit"] for r in results if r["arm"] == arm and r["muon_lr"] == lr
                       and r["max_attn_logit"] is not None], default=math.nan) for lr in lrs]
@@ -137,7 +138,7 @@ def main(argv):
     sweep, rows = exp.train(list(runs.values()), budget)
     results = run_rows(runs, rows, sweep)
     write_csv(os.path.join(exp.out, "results.csv"), list(results[0]), results)
-    plot(results, lrs, os.path.join(exp.out, "qk_stability.png"))
+    plot(results, lrs, args.qk_clip_tau, os.path.join(exp.out, "qk_stability.png"))
     fixed = _common.resolved_keys(config_path("prenorm_rms"), args.set,
                                   ("muon_adjust_lr", "muon_ns_dtype", "learning_rate"))
     body = (f"{exp.budget_line(budget)}; optimizer muon (muon_adjust_lr {fixed['muon_adjust_lr']}, Newton-Schulz in "
