@@ -82,8 +82,8 @@ def largest_logit(metrics: list[dict]) -> float | None:
 
 def clipped_steps(metrics: list[dict]) -> tuple[int, int]:
     """(how many logged steps clipped at least one head, how many steps were logged): QK-Clip's rows,
-    one every log_interval iterations, carry qk_clipped_heads, the count at the step before the row;
-    the steps between rows go uncounted."""
+    one every log_interval iterations, carry qk_clipped_heads, the count of the step that wrote
+    the row; the steps between rows go uncounted."""
     logged = [r["qk_clipped_heads"] for r in metrics if "qk_clipped_heads" in r]
     return sum(1 for n in logged if n > 0), len(logged)
 
